@@ -1,0 +1,257 @@
+"""Everything that depends on the GPU vendor, in one place.
+
+The course runs on AMD ROCm, NVIDIA CUDA and the CPU. PyTorch exposes both GPU vendors through
+``torch.cuda``; this module says which one it is, names the device, synchronizes, reads memory
+statistics, and looks up datasheet peaks. Other modules import from here instead of testing
+``torch.version.hip`` themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterator, Literal
+
+import torch
+
+Backend = Literal["rocm", "cuda", "cpu"]
+
+
+def backend() -> Backend:
+    """Which back end PyTorch will use: ``"rocm"``, ``"cuda"`` or ``"cpu"`` (no usable GPU)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def get_device(name: str | None = None) -> torch.device:
+    """The device to run on: ``name`` if given (``"cpu"``, ``"cuda"``, ``"cuda:1"``), else the GPU the
+    hub assigned (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` decide which one is ``cuda:0``),
+    else the CPU.
+
+    Raises ``RuntimeError`` with a one-line explanation when a GPU is asked for and none is usable.
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device {name!r} was asked for but PyTorch sees no GPU: run on the CPU (device='cpu') "
+            "or check that this node has a GPU and a GPU build of PyTorch (ROCm or CUDA)."
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(
+            f"device {name!r} does not exist: this process sees {torch.cuda.device_count()} GPU(s)."
+        )
+    return device
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    """A human-readable name: the GPU's marketing name, or the CPU model from /proc/cpuinfo."""
+    device = get_device(device if device is None else str(device))
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return "CPU: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "CPU: " + (platform.processor() or platform.machine())
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait until all queued work on ``device`` has finished (a no-op on the CPU)."""
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class MemoryStats:
+    """Device memory in bytes. ``None`` where the back end keeps no statistics (the CPU)."""
+
+    current_bytes: int | None
+    peak_bytes: int | None
+    reserved_bytes: int | None
+    total_bytes: int | None
+
+    @property
+    def peak_mib(self) -> float | None:
+        return None if self.peak_bytes is None else self.peak_bytes / 2**20
+
+
+def memory_stats(device: torch.device | str | None = None) -> MemoryStats:
+    """Current, peak (since the last reset), reserved and total memory of ``device``."""
+    device = torch.device(device) if device is not None else get_device()
+    if device.type != "cuda":
+        return MemoryStats(None, None, None, None)
+    return MemoryStats(
+        current_bytes=torch.cuda.memory_allocated(device),
+        peak_bytes=torch.cuda.max_memory_allocated(device),
+        reserved_bytes=torch.cuda.memory_reserved(device),
+        total_bytes=torch.cuda.get_device_properties(device).total_memory,
+    )
+
+
+def reset_peak_memory(device: torch.device | str | None = None) -> None:
+    """Start a new peak-memory measurement on ``device``."""
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def free_memory(device: torch.device | str | None = None) -> None:
+    """Give cached blocks back to the driver, so that other users of a shared GPU can have them."""
+    import gc
+
+    gc.collect()
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def memory_in_use_by_others(device: torch.device | str | None = None) -> int | None:
+    """Bytes in use on the GPU by anyone (other processes included), or ``None`` on the CPU.
+
+    Used to warn a participant when a shared GPU is already busy.
+    """
+    device = torch.device(device) if device is not None else get_device()
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free - torch.cuda.memory_reserved(device)
+
+
+def visible_devices_variable() -> str:
+    """The environment variable that assigns GPUs to this process on this back end."""
+    return "HIP_VISIBLE_DEVICES" if backend() == "rocm" else "CUDA_VISIBLE_DEVICES"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for the out-of-memory errors of every back end (CUDA, HIP, and the CPU allocator)."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "hip error: out of memory" in text)
+
+
+@contextlib.contextmanager
+def annotate(name: str) -> Iterator[None]:
+    """A named range that vendor timelines show (NVTX on NVIDIA, ROCTX on AMD) and that the
+    PyTorch profiler records, so that forward, backward and optimizer appear as phases."""
+    with torch.profiler.record_function(name):
+        if backend() != "cpu":
+            torch.cuda.nvtx.range_push(name)  # PyTorch routes this to ROCTX on ROCm builds
+            try:
+                yield
+            finally:
+                torch.cuda.nvtx.range_pop()
+        else:
+            yield
+
+
+# --------------------------------------------------------------------------------------------------
+# Datasheet peaks. Dense (no structured sparsity) figures from the vendors' data sheets, in TFLOP/s
+# and TB/s. "fp32" is the best plain-FP32 rate (matrix cores where the chip has FP32 matrix math);
+# "tf32" is None on chips without TF32. A peak is a ceiling nobody reaches: the course always shows a
+# measured ceiling next to it (tinyllama.ceilings).
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """Datasheet peak rates of one accelerator."""
+
+    name: str
+    fp32_tflops: float
+    tf32_tflops: float | None
+    bf16_tflops: float
+    fp16_tflops: float
+    memory_bandwidth_tbs: float
+    source: str
+
+    def tflops(self, precision: str) -> float | None:
+        """Peak TFLOP/s for ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``; dtypes accepted)."""
+        key = _precision_key(precision)
+        return {"fp32": self.fp32_tflops, "tf32": self.tf32_tflops, "bf16": self.bf16_tflops,
+                "fp16": self.fp16_tflops}[key]
+
+
+def _precision_key(precision: str | torch.dtype) -> str:
+    aliases = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", "float32": "fp32",
+               "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "amp": "fp16"}
+    key = aliases.get(precision, precision)
+    if key not in ("fp32", "tf32", "bf16", "fp16"):
+        raise ValueError(f"unknown precision {precision!r}: use fp32, tf32, bf16 or fp16")
+    return str(key)
+
+
+# (pattern matched against the device name, peaks). More specific names first.
+PEAKS: list[tuple[str, DevicePeaks]] = [
+    (r"MI325X", DevicePeaks("AMD Instinct MI325X", 163.4, 653.7, 1307.4, 1307.4, 6.0, "AMD MI325X data sheet")),
+    (r"MI300X", DevicePeaks("AMD Instinct MI300X", 163.4, 653.7, 1307.4, 1307.4, 5.3, "AMD MI300X data sheet")),
+    (r"MI300A", DevicePeaks("AMD Instinct MI300A", 122.6, 490.3, 980.6, 980.6, 5.3, "AMD MI300A data sheet")),
+    (r"MI250X?", DevicePeaks("AMD Instinct MI250X", 95.7, None, 383.0, 383.0, 3.2, "AMD MI250X data sheet")),
+    (r"MI210", DevicePeaks("AMD Instinct MI210", 45.3, None, 181.0, 181.0, 1.6, "AMD MI210 data sheet")),
+    (r"H200", DevicePeaks("NVIDIA H200", 67.0, 494.7, 989.4, 989.4, 4.8, "NVIDIA H200 data sheet (SXM)")),
+    (r"H100.*(PCIe|PCI)", DevicePeaks("NVIDIA H100 PCIe", 51.0, 378.0, 756.0, 756.0, 2.0, "NVIDIA H100 data sheet (PCIe)")),
+    (r"H100.*NVL", DevicePeaks("NVIDIA H100 NVL", 60.0, 417.5, 835.0, 835.0, 3.9, "NVIDIA H100 data sheet (NVL)")),
+    (r"H100", DevicePeaks("NVIDIA H100 SXM", 67.0, 494.7, 989.4, 989.4, 3.35, "NVIDIA H100 data sheet (SXM)")),
+    (r"A100.*40GB", DevicePeaks("NVIDIA A100 40GB", 19.5, 156.0, 312.0, 312.0, 1.555, "NVIDIA A100 data sheet")),
+    (r"A100", DevicePeaks("NVIDIA A100 80GB", 19.5, 156.0, 312.0, 312.0, 2.039, "NVIDIA A100 data sheet (SXM)")),
+    (r"L40S", DevicePeaks("NVIDIA L40S", 91.6, 183.0, 362.0, 362.0, 0.864, "NVIDIA L40S data sheet")),
+]
+
+# ROCm sometimes reports only the architecture; map it to the most common part.
+_GFX_ALIASES = {"gfx942": "MI300X", "gfx90a": "MI250X"}
+
+
+def lookup_peaks(name: str) -> DevicePeaks | None:
+    """The datasheet peaks for a device name, or ``None`` when the device is not in the table
+    (the honest answer: the course then shows only measured ceilings)."""
+    name = _GFX_ALIASES.get(name.split(":")[0].strip(), name)
+    for pattern, peaks in PEAKS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return peaks
+    return None
+
+
+def device_peaks(device: torch.device | str | None = None) -> DevicePeaks | None:
+    """The datasheet peaks of ``device`` (``None`` for the CPU and for unknown GPUs)."""
+    device = get_device(device if device is None else str(device))
+    if device.type != "cuda":
+        return None
+    peaks = lookup_peaks(torch.cuda.get_device_name(device))
+    if peaks is None and backend() == "rocm":
+        arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "")
+        peaks = lookup_peaks(arch)
+    return peaks
+
+
+def environment_summary(device: torch.device | str | None = None) -> dict[str, object]:
+    """Back end, device and library versions: stamped on every recorded result."""
+    import platform
+
+    device = get_device(device if device is None else str(device))
+    summary: dict[str, object] = {
+        "backend": backend(),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "hip": getattr(torch.version, "hip", None),
+        "cuda": torch.version.cuda if backend() == "cuda" else None,
+        "visible_devices": os.environ.get(visible_devices_variable()),
+    }
+    try:
+        import triton
+
+        summary["triton"] = triton.__version__
+    except ImportError:
+        summary["triton"] = None
+    return summary

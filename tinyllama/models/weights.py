@@ -1,0 +1,84 @@
+"""Moving weights between versions.
+
+V1's parameter names are canonical. A faster version may fuse several V1 projections into one
+(V2's ``qkv_proj`` is ``q_proj``, ``k_proj`` and ``v_proj`` stacked along the output dimension). Such
+a version says so with a ``fused_weights()`` method::
+
+    {"attn.qkv_proj.weight": [("attn.q_proj.weight", 1024), ("attn.k_proj.weight", 512), ...]}
+
+mapping the suffix of a fused parameter name to its parts and their row counts. Everything else
+must carry V1's names. With that, any version's weights map to any other's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+FusedSpec = dict[str, list[tuple[str, int]]]
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # torch.compile(model) returns a wrapper whose parameters carry an "_orig_mod." prefix.
+    return getattr(model, "_orig_mod", model)
+
+
+def _fused_spec(model: nn.Module) -> FusedSpec:
+    fused = getattr(model, "fused_weights", None)
+    return fused() if callable(fused) else {}
+
+
+def canonical_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s parameters under V1's names, with fused weights split into their parts."""
+    model = _unwrap(model)
+    spec = _fused_spec(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        suffix = next((s for s in spec if name.endswith(s)), None)
+        if suffix is None:
+            out[name] = tensor
+            continue
+        prefix = name[: -len(suffix)]
+        parts = spec[suffix]
+        rows = [n for _, n in parts]
+        if sum(rows) != tensor.shape[0]:
+            raise ValueError(f"{name}: fused rows {tensor.shape[0]} do not add up to its parts {rows}")
+        for (part, _), piece in zip(parts, torch.split(tensor, rows, dim=0)):
+            out[prefix + part] = piece
+    return out
+
+
+def from_canonical(model: nn.Module, canonical: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict for ``model`` built from canonical (V1-named) tensors."""
+    model = _unwrap(model)
+    spec = _fused_spec(model)
+    out: dict[str, torch.Tensor] = {}
+    for name in model.state_dict():
+        suffix = next((s for s in spec if name.endswith(s)), None)
+        if suffix is None:
+            out[name] = canonical[name]
+        else:
+            prefix = name[: -len(suffix)]
+            out[name] = torch.cat([canonical[prefix + part] for part, _ in spec[suffix]], dim=0)
+    return out
+
+
+def transfer_weights(src: nn.Module, dst: nn.Module) -> nn.Module:
+    """Copy ``src``'s weights into ``dst`` (any two versions of the same shape); returns ``dst``.
+
+    Raises ``ValueError`` naming the first mismatch when the two models do not have the same shape.
+    """
+    canonical = canonical_state_dict(src)
+    try:
+        state = from_canonical(dst, canonical)
+    except KeyError as missing:
+        raise ValueError(f"cannot transfer weights: the source has no parameter {missing}") from None
+    target = _unwrap(dst).state_dict()
+    for name, tensor in state.items():
+        if tensor.shape != target[name].shape:
+            raise ValueError(
+                f"cannot transfer weights: {name} has shape {tuple(tensor.shape)} in the source and "
+                f"{tuple(target[name].shape)} in the destination (are the configs the same?)"
+            )
+    _unwrap(dst).load_state_dict(state)
+    return dst

@@ -1,0 +1,141 @@
+"""Honest timing of asynchronous device work.
+
+GPU kernels run after the Python call that launched them returns, so a host clock read without a
+synchronize measures the launch, not the work. Here, GPU work is timed with device events and CPU
+work with a monotonic clock; both after warm-up, repeated, and summarised by median and spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from tinyllama import device as dev
+
+
+@dataclass
+class Stats:
+    """Summary of repeated measurements (milliseconds unless said otherwise)."""
+
+    median: float
+    mean: float
+    std: float
+    min: float
+    max: float
+    p10: float
+    p90: float
+    n: int
+
+    @property
+    def spread_pct(self) -> float:
+        """Relative spread: (p90 - p10) / median, in percent."""
+        return 100.0 * (self.p90 - self.p10) / self.median if self.median else 0.0
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        out = {prefix + k: v for k, v in asdict(self).items()}
+        out[prefix + "spread_pct"] = self.spread_pct
+        return out
+
+
+def summarize(samples: Sequence[float]) -> Stats:
+    """Median, mean, standard deviation, extremes and 10th/90th percentiles of ``samples``."""
+    if not samples:
+        raise ValueError("no samples to summarize: run at least one timed step")
+    data = sorted(float(s) for s in samples)
+    n = len(data)
+
+    def pct(q: float) -> float:
+        # Linear interpolation between closest ranks, like numpy.percentile's default.
+        pos = q * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+    return Stats(
+        median=statistics.median(data),
+        mean=statistics.fmean(data),
+        std=statistics.stdev(data) if n > 1 else 0.0,
+        min=data[0],
+        max=data[-1],
+        p10=pct(0.10),
+        p90=pct(0.90),
+        n=n,
+    )
+
+
+class PhaseTimer:
+    """Times the phases of one step (forward, backward, optimizer, ...).
+
+    On a GPU it records a device event at every mark and reads the elapsed times after one
+    synchronize at the end of the step, so the phases do not stall the queue. On the CPU it reads a
+    monotonic clock.
+
+    >>> timer = PhaseTimer(torch.device("cpu"))
+    >>> timer.start(); _ = torch.ones(4).sum(); timer.mark("work")
+    >>> list(timer.stop())
+    ['work']
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._use_events = device.type == "cuda"
+        self._marks: list[tuple[str, object]] = []
+
+    def _now(self) -> object:
+        if self._use_events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        """Begin a step: earlier work on the device is finished first, so it is not counted."""
+        dev.synchronize(self.device)
+        self._marks = [("start", self._now())]
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` (which began at the previous mark)."""
+        self._marks.append((phase, self._now()))
+
+    def stop(self) -> dict[str, float]:
+        """Wait for the device and return each phase's duration in milliseconds."""
+        dev.synchronize(self.device)
+        out: dict[str, float] = {}
+        for (_, before), (phase, after) in zip(self._marks, self._marks[1:]):
+            if self._use_events:
+                out[phase] = before.elapsed_time(after)  # type: ignore[attr-defined]
+            else:
+                out[phase] = (after - before) * 1e3  # type: ignore[operator]
+        return out
+
+
+def time_callable(
+    fn: Callable[[], object],
+    device: torch.device | str | None = None,
+    warmup: int = 3,
+    repeat: int = 10,
+    min_time_s: float = 0.0,
+) -> Stats:
+    """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then at least ``repeat`` timed calls (and
+    more until ``min_time_s`` has passed). Returns milliseconds per call.
+    """
+    if repeat < 1:
+        raise ValueError("repeat must be at least 1")
+    device = torch.device(device) if device is not None else dev.get_device()
+    for _ in range(warmup):
+        fn()
+    timer = PhaseTimer(device)
+    samples: list[float] = []
+    began = time.perf_counter()
+    while len(samples) < repeat or time.perf_counter() - began < min_time_s:
+        timer.start()
+        fn()
+        timer.mark("call")
+        samples.append(timer.stop()["call"])
+        if len(samples) >= 10_000:
+            break
+    return summarize(samples)
