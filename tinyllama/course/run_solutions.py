@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import os
+import re
 import shutil
 import sys
 import time
@@ -78,8 +79,11 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+_ANSI_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
+    text = _ANSI_COLOURS.sub("", str(error)).strip()
     # nbclient's message holds the cell source and the traceback; its last lines name the error.
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1][:300] if lines else type(error).__name__
