@@ -25,7 +25,7 @@ import pytest
 
 from tinyllama.course.results import checkout_root
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -93,12 +93,12 @@ def lab(tmp_path):
                 time.sleep(0.5)
         yield {"url": url, "token": token, "results": tmp_path / "results", "tmp": tmp_path}
     finally:
-        # The server's process group: the server and the kernels it started.
-        with_group = os.getpgid(server.pid) == server.pid if server.poll() is None else False
-        if with_group:
-            os.killpg(server.pid, signal.SIGTERM)
+        # SIGTERM makes the server shut its kernels down; SIGKILL to its process group (the server and
+        # anything it started there) only if it does not stop in time.
+        if server.poll() is None:
+            server.terminate()
         try:
-            server.wait(timeout=15)
+            server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()

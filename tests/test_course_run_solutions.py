@@ -32,6 +32,7 @@ def solutions(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_runner_executes_summarises_and_fails_on_a_failing_notebook(solutions, tmp_path, capsys):
     output = tmp_path / "run"
     code = rs.main(["--solutions", str(solutions), "--output", str(output), "--profile", "ci", "--timeout", "120"])
@@ -52,6 +53,7 @@ def test_runner_executes_summarises_and_fails_on_a_failing_notebook(solutions, t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_selected_notebook_runs_cleanly_and_can_store_its_outputs(solutions, tmp_path):
     output = tmp_path / "run"
     code = rs.main(["--solutions", str(solutions), "--output", str(output), "--profile", "ci",

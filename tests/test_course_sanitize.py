@@ -65,6 +65,7 @@ def _notebook(source: str, stored: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_nbval_compares_facts_and_ignores_measurements(tmp_path):
     """End to end: stored GPU output vs a CPU run; a changed timing passes, a changed fact fails."""
     nbformat.write(_notebook('# NBVAL_CHECK_OUTPUT\nprint("parameters: 1234")\nprint("step: 0.71 ms on cpu")',

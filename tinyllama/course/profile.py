@@ -128,8 +128,8 @@ def select_profile(requested: str | None = None) -> Selection:
         raise ValueError(f"unknown workshop profile {requested!r}: set {ENV_VARIABLE} to one of "
                          f"{', '.join(PROFILES)} (or leave it unset to choose automatically)")
     if name == "gpu" and not has_gpu:
-        raise RuntimeError(f"profile 'gpu' was {source} but PyTorch sees no GPU: run on a GPU node, "
-                           f"or set {ENV_VARIABLE}=ci (or unset it) for the tiny CPU sizes")
+        raise RuntimeError(f"profile 'gpu' was {source} but PyTorch sees no GPU: run on a GPU node, or use "
+                           f"the ci profile ({ENV_VARIABLE}=ci, or leave it unset) for the tiny CPU sizes")
     return Selection(PROFILES[name], f"Profile {source}.")
 
 

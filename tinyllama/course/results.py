@@ -76,6 +76,13 @@ def _clean_figure(name: str, value: Any) -> Figure:
                     "booleans (one figure per name; call .item() on a tensor)")
 
 
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        return str(os.getuid())
+
+
 def record(
     notebook: str,
     figures: Mapping[str, Any],
@@ -100,7 +107,7 @@ def record(
         "time": _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"),
         "notebook": notebook,
         "profile": profile,
-        "user": getpass.getuser(),
+        "user": _user(),
         "host": platform.node(),
         "run_id": os.environ.get(RUN_ID_VARIABLE) or None,
         "notes": notes,
@@ -164,5 +171,5 @@ def load_results(directory: str | os.PathLike[str] | None = None) -> pd.DataFram
                 "run_id": entry.get("run_id"), "notes": entry.get("notes"),
             })
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table["time"] = pd.to_datetime(table["time"], utc=True, format="ISO8601")
+    table["time"] = pd.to_datetime(table["time"], utc=True)
     return table
