@@ -49,6 +49,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _lab_command(port: int, token: str, root: Path) -> list[str]:
+    """How a participant's JupyterLab is started, on loopback with a token."""
+    return ([sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1", "--port", str(port),
+             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+            + (["--allow-root"] if os.geteuid() == 0 else []))  # CI containers run as root
+
+
 @pytest.fixture
 def lab(tmp_path):
     """JupyterLab on loopback, serving a copy of the participant notebooks (so that autosave never
@@ -75,11 +82,8 @@ def lab(tmp_path):
     news.write_text(json.dumps({"fetchNews": "false"}))
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path / "jupyterlab.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1", "--port", str(port),
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),  # CI containers run as root
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(_lab_command(port, token, root), env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

@@ -74,7 +74,8 @@ def check_memory(profile: Profile, device: torch.device) -> Check:
         return Check("memory", status, f"{total / GIB:.1f} GiB of system memory (the ci profile needs < 2 GiB)")
     total = dev.memory_stats(device).total_bytes or 0
     others = dev.memory_in_use_by_others(device) or 0
-    detail = f"{total / GIB:.1f} GiB on the device, {others / GIB:.1f} GiB held by other processes"
+    detail = (f"{total / GIB:.1f} GiB on the device, {others / GIB:.1f} GiB in use outside this kernel's tensors "
+              "(other processes, and the driver's own few hundred MiB)")
     if total < profile.min_device_memory_gib * GIB:
         return Check("memory", "WARN", f"{detail}: the {profile.name} profile wants "
                      f"{profile.min_device_memory_gib:.0f} GiB; the largest sizes may run out of memory")

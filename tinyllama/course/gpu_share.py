@@ -18,6 +18,8 @@ def describe_device(device: torch.device | str | None = None) -> str:
     device = dev.get_device(None if device is None else str(device))
     if device.type != "cuda":
         return f"Device: cpu ({dev.device_name(device)})"
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     variable = dev.visible_devices_variable()
     assigned = os.environ.get(variable)
     origin = (f"{variable}={assigned}, as assigned by the hub" if assigned is not None

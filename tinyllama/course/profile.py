@@ -72,7 +72,7 @@ PROFILES: dict[str, Profile] = {
     ),
     "ci": Profile(
         name="ci",
-        description="tiny sizes that run in about a minute on a 2-core CPU (CI, laptops)",
+        description="tiny sizes for a CPU: about a minute per notebook in CI or on a laptop",
         warmup=1,
         repeat=3,
         matmul_size=256,
