@@ -106,6 +106,8 @@ def run_notebook(path: Path, output: Path, timeout: int, kernel_name: str | None
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
         error = _first_line(exc)
+    except Exception as exc:  # the kernel did not start (unknown kernel name, missing ipykernel, ...)
+        error = f"{type(exc).__name__}: {_first_line(exc)}"
     finally:
         progress.close()
     executed = output / path.name
