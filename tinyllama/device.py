@@ -19,6 +19,10 @@ import torch
 Backend = Literal["rocm", "cuda", "cpu"]
 
 
+class DeviceUnavailable(RuntimeError):
+    """The device that was asked for does not exist on this machine."""
+
+
 def backend() -> Backend:
     """Which back end PyTorch will use: ``"rocm"``, ``"cuda"`` or ``"cpu"`` (no usable GPU)."""
     if not torch.cuda.is_available():
@@ -31,18 +35,18 @@ def get_device(name: str | None = None) -> torch.device:
     hub assigned (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` decide which one is ``cuda:0``),
     else the CPU.
 
-    Raises ``RuntimeError`` with a one-line explanation when a GPU is asked for and none is usable.
+    Raises ``DeviceUnavailable`` with a one-line explanation when a GPU is asked for and none is usable.
     """
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
+        raise DeviceUnavailable(
             f"device {name!r} was asked for but PyTorch sees no GPU: run on the CPU (device='cpu') "
             "or check that this node has a GPU and a GPU build of PyTorch (ROCm or CUDA)."
         )
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise RuntimeError(
+        raise DeviceUnavailable(
             f"device {name!r} does not exist: this process sees {torch.cuda.device_count()} GPU(s)."
         )
     return device
