@@ -237,3 +237,8 @@ def test_compiled_v4_matches_v1_and_keeps_its_parameter_names(v1_model, referenc
     assert check.passed, check.summary()
     assert counters["stats"]["unique_graphs"] == 1  # compiled once, and reused by the other block
     assert counters["stats"]["calls_captured"] > 0
+    # A second model with the same switches reuses the graph (no recompilation per model, which
+    # would soon reach torch.compile's recompile limit and fall back to eager in a notebook).
+    again = _with_v1_weights(v1_model, "v4", {"compile": True})
+    check_parity(again, reference, "fp32")
+    assert counters["stats"]["unique_graphs"] == 1

@@ -374,7 +374,7 @@ TABLE_COLUMNS = {
     "label": "run", "check": "check", "step_ms_median": "step ms", "step_ms_spread_pct": "spread %",
     "forward_ms_median": "fwd ms", "backward_ms_median": "bwd ms", "optimizer_ms_median": "opt ms",
     "tokens_per_s": "tokens/s", "peak_memory_mib": "peak MiB", "achieved_tflops": "TFLOP/s",
-    "mfu_measured": "MFU (measured)", "mfu": "MFU (datasheet)", "speedup": "speed-up",
+    "mfu_measured": "MFU % (measured)", "mfu": "MFU % (datasheet)", "speedup": "speed-up",
     "gemm_ops": "GEMM ops", "gemm_kernels": "GEMM kernels",
 }
 
@@ -403,7 +403,7 @@ class Comparison:
     def table(self) -> Any:
         """The figures that matter, one row per run, named for reading (pandas)."""
         frame = self.to_frame().reindex(columns=list(TABLE_COLUMNS)).rename(columns=TABLE_COLUMNS)
-        for column in ("MFU (measured)", "MFU (datasheet)"):
+        for column in ("MFU % (measured)", "MFU % (datasheet)"):
             frame[column] = frame[column].map(lambda x: None if x is None or x != x else round(100 * x, 1))
         return frame.set_index("run")
 
@@ -493,6 +493,7 @@ def compare(
     (else the first V1 run, else the first run).
     """
     specs = expand_runs(runs)
+    profile_labels = {parse_run(r).label if isinstance(r, str) else r.label for r in profile_runs}
     config, batch_size, seq_len = resolve_config(preset, batch_size, seq_len, **config_overrides)
     device = dev.get_device(None if device is None else str(device))
     overrides = {k: v for k, v in config_overrides.items() if v is not None}
@@ -513,6 +514,7 @@ def compare(
     profiles: dict[str, list[dict[str, Any]]] = {}
     for index, spec in enumerate(specs, 1):
         _say(f"[{index}/{len(specs)}] {spec.label}", progress)
+        began = time.perf_counter()
         row, model = _check_run(spec, config, weights, reference, device, progress)
         if model is not None:
             try:
@@ -520,7 +522,7 @@ def compare(
                                      device, batches, progress, overrides))
                 if gemm_counts:
                     row.update(count_gemms(model, batches[0], spec.precision, device))
-                if spec.label in profile_runs:
+                if spec.label in profile_labels:
                     _say("  profiling the top operations", progress)
                     profiles[spec.label] = top_operations(model, batches[0], spec.precision, device, top=profile_top)
             except (BenchmarkError, CorrectnessError) as error:
@@ -531,6 +533,7 @@ def compare(
                     raise
                 row.update(check="out of memory", check_message=f"out of memory while timing: {_oom_advice(batch_size)}")
                 _say(f"  NOT TIMED: {row['check_message']}", progress)
+        row["run_s"] = time.perf_counter() - began
         rows.append(row)
         del model
         dev.free_memory(device)
@@ -558,21 +561,29 @@ def _check_run(spec: RunSpec, config: Any, weights: dict[str, torch.Tensor], ref
     row: dict[str, Any] = {"label": spec.label, "version": spec.version, "precision": spec.precision,
                            "options": spec.model_options}
     began = time.perf_counter()
+    compiled = False
     try:
         model = build(spec.version, config, **spec.model_options).to(device)
         _unwrap(model).load_state_dict(from_canonical(model, weights))
         switches = getattr(_unwrap(model), "switches", None)
-        if switches is not None and switches.compile:
+        compiled = switches is not None and switches.compile
+        if compiled:
             _say("  compiling (torch.compile: the first steps take a while)", progress)
         checks = [check_parity(model, reference, "fp32")]
         if spec.precision != "fp32":
             checks.append(check_parity(model, reference, spec.precision))
-    except Exception as error:  # noqa: BLE001 - out-of-memory becomes a row; anything else is a bug
-        if not dev.is_out_of_memory(error):
+    except Exception as error:  # noqa: BLE001 - out-of-memory and compiler failures become a row
+        if dev.is_out_of_memory(error):
+            message = f"out of memory during the check: {_oom_advice(reference.inputs.shape[0])}"
+            status = "out of memory"
+        elif compiled:  # e.g. no C compiler or Triton for Inductor on this machine
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            message = f"torch.compile failed ({type(error).__name__}: {first_line}); run it without compile=1"
+            status = "failed"
+        else:
             raise
-        message = f"out of memory during the check: {_oom_advice(reference.inputs.shape[0])}"
         _say(f"  NOT TIMED: {message}", progress)
-        return {**row, "check": "out of memory", "check_message": message}, None
+        return {**row, "check": status, "check_message": message}, None
     row["check_s"] = time.perf_counter() - began
     for check in checks:
         suffix = "" if check.precision == "fp32" else "_own_precision"
@@ -864,6 +875,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except (ValueError, BenchmarkError, dev.DeviceUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        if not dev.is_out_of_memory(error):
+            raise
+        print("error: out of memory for V1's reference at this size: try a smaller --batch-size or --seq-len",
+              file=sys.stderr)
         return 2
     print(result)
     status = 1 if result.failed else 0

@@ -20,7 +20,7 @@ The switches let a notebook turn on one optimization at a time::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import partial
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +136,13 @@ class FusedBlock(v1.Block):
         super().__init__(config)
 
 
+@cache
+def block_class(switches: Switches) -> type[FusedBlock]:
+    """The decoder-layer class for one combination of switches. One class per combination, made
+    once: torch.compile guards on a module's class, so models with equal switches share its graphs."""
+    return type("FusedBlock", (FusedBlock,), {"switches": switches})
+
+
 class TinyLlama(v1.TinyLlama):
     """TinyLLaMA with fused projections; every optimization can be switched off (see module doc)."""
 
@@ -144,8 +151,8 @@ class TinyLlama(v1.TinyLlama):
     def __init__(self, config: ModelConfig, *, fuse_qkv: bool = True, fuse_gate_up: bool = True,
                  sdpa: bool = False, compile: bool = False, compile_mode: str = "default") -> None:
         switches = Switches(bool(fuse_qkv), bool(fuse_gate_up), bool(sdpa), bool(compile), compile_mode)
-        # A block class carrying this model's switches, read by V1's __init__ when it builds the layers.
-        self.block_class = type("FusedBlock", (FusedBlock,), {"switches": switches})
+        # The block class carrying these switches, read by V1's __init__ when it builds the layers.
+        self.block_class = block_class(switches)
         super().__init__(config)
         self.switches = switches
         if compile:
