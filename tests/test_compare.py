@@ -240,3 +240,29 @@ def test_gemm_kernel_names_of_both_vendors():
     for name in ("flash_fwd_kernel", "fmha_cutlassF_f32_aligned_64x64_rf_sm80",
                  "triton_poi_fused_add_mul_0", "void at::native::vectorized_elementwise_kernel<4>"):
         assert not cmp.is_gemm_kernel(name), name
+
+
+def test_gpu_script_runs_are_valid_and_it_judges_a_record(result):
+    """gpu/compare_gpu.py: its run list parses, and its judgement reads a comparison record."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "compare_gpu.py"
+    spec = importlib.util.spec_from_file_location("compare_gpu", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    labels = [s.label for s in cmp.expand_runs(script.default_runs())]
+    assert labels[0] == "v1:fp32" and labels[-1] == "v4:bf16" and "v2[fuse_qkv=0,fuse_gate_up=1]:bf16" in labels
+
+    record = copy.deepcopy(result.record)
+    for row in record["runs"]:
+        row["label"] = row["label"].replace("v4[compile=0]:bf16", "v4:bf16")
+    judged = {t["target"]: t for t in script.targets(record)}
+    v1, v4 = _row(result, "v1:fp32"), _row(result, "v4[compile=0]:bf16")
+    ratio_target = judged["V4 bf16 step time <= 1/10 of V1 fp32's"]
+    assert ratio_target["met"] == (v4["step_ms_median"] <= 0.1 * v1["step_ms_median"])
+    assert judged["V4 bf16 MFU >= 45% of the measured bf16 matmul rate"]["met"] == (v4["mfu_measured"] >= 0.45)
+    effects = {(e["precision"], e["fusion"]): e for e in script.fusion_effects(record)}
+    unfused = _row(result, "v2[fuse_qkv=0,fuse_gate_up=0]:fp32")["gemm_ops"]
+    assert effects[("fp32", "qkv")]["gemm_ops"] == f"{unfused} -> {unfused - 6 * LAYERS}"
+    assert effects[("bf16", "qkv")]["verdict"].startswith("not measured")  # this record has no bf16 V2 runs

@@ -123,24 +123,25 @@ class FusedFeedForward(v1.FeedForward):
 
 
 class FusedBlock(v1.Block):
-    """V1's decoder layer built from the fused modules. ``switches`` is set per model (see
-    ``TinyLlama.__init__``), because V1's ``TinyLlama`` builds its blocks as ``block_class(config)``."""
+    """V1's decoder layer built from the fused modules (with all switches at their defaults;
+    ``block_class`` makes the variant for other switches)."""
 
     switches = Switches()
-
-    def __init__(self, config: ModelConfig) -> None:
-        s = self.switches
-        # V1's Block calls self.attention_class(config) and self.mlp_class(config): bind the switches.
-        self.attention_class = partial(FusedAttention, fuse_qkv=s.fuse_qkv, sdpa=s.sdpa)
-        self.mlp_class = partial(FusedFeedForward, fuse_gate_up=s.fuse_gate_up)
-        super().__init__(config)
+    attention_class = FusedAttention
+    mlp_class = FusedFeedForward
 
 
 @cache
 def block_class(switches: Switches) -> type[FusedBlock]:
-    """The decoder-layer class for one combination of switches. One class per combination, made
-    once: torch.compile guards on a module's class, so models with equal switches share its graphs."""
-    return type("FusedBlock", (FusedBlock,), {"switches": switches})
+    """The decoder-layer class for one combination of switches: V1's Block builds its parts as
+    ``self.attention_class(config)`` and ``self.mlp_class(config)``, so these carry the switches.
+    One class per combination, made once: torch.compile guards on a module's class, and models with
+    equal switches then share its compiled graphs."""
+    return type("FusedBlock", (FusedBlock,), {
+        "switches": switches,
+        "attention_class": partial(FusedAttention, fuse_qkv=switches.fuse_qkv, sdpa=switches.sdpa),
+        "mlp_class": partial(FusedFeedForward, fuse_gate_up=switches.fuse_gate_up),
+    })
 
 
 class TinyLlama(v1.TinyLlama):
