@@ -14,17 +14,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinyllama.config import ModelConfig
+from tinyllama.models.weights import transfer_weights
 
 # version -> (module, class). Imported on demand, so that a version whose dependencies are missing
 # (Triton on a machine without it) does not stop the others from loading.
 _REGISTRY: dict[str, tuple[str, str]] = {
     "v1": ("tinyllama.models.v1_baseline", "TinyLlama"),
+    "v2": ("tinyllama.models.v2_fused", "TinyLlama"),
+    "v4": ("tinyllama.models.v4_sdpa", "TinyLlama"),
 }
 
 VERSIONS: tuple[str, ...] = tuple(_REGISTRY)
 
 DESCRIPTIONS: dict[str, str] = {
     "v1": "plain PyTorch baseline: separate projections, explicit mask and softmax",
+    "v2": "fused QKV and gate/up projections; SDPA and torch.compile behind switches",
+    "v4": "PyTorch SDPA + fused projections + torch.compile, trained in bf16 with fused AdamW",
 }
 
 
@@ -47,4 +52,4 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-__all__ = ["VERSIONS", "DESCRIPTIONS", "build", "model_class", "lm_loss"]
+__all__ = ["VERSIONS", "DESCRIPTIONS", "build", "model_class", "lm_loss", "transfer_weights"]
