@@ -17,7 +17,7 @@ from typing import Any
 from inference.benchmark import BenchmarkResult, CheckFailedError, OutOfMemoryError, run_benchmark
 from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
 from inference.networks import NetworkSpec, UnknownNetworkError, get_spec, list_networks
-from inference.precision import AccuracyReport
+from inference.precision import AccuracyReport, compare_precisions
 from inference.profilers import FlopsProfile, MissingDependencyError
 from inference.results import append_csv, append_json, load_json, results_frame
 from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, run_many, sweep_batch_sizes
@@ -25,7 +25,7 @@ from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, ru
 __all__ = [
     "AccuracyReport", "BenchmarkConfig", "BenchmarkError", "BenchmarkResult", "CheckFailedError", "ConfigError",
     "FlopsProfile", "MaxBatchResult", "MissingDependencyError", "NetworkSpec", "OutOfMemoryError", "SweepResult",
-    "UnknownNetworkError", "append_csv", "append_json", "find_max_batch_size", "get_spec", "list_networks",
+    "UnknownNetworkError", "append_csv", "append_json", "compare_precisions", "find_max_batch_size", "get_spec", "list_networks",
     "load_json", "results_frame", "run", "run_benchmark", "run_many", "sweep_batch_sizes",
 ]
 

@@ -202,13 +202,19 @@ class BenchmarkResult:
                          f"({fp.macs_per_sample / 1e9:.3f} GMACs per sample), {fp.params / 1e6:.2f} M params, "
                          f"forward {fp.forward_latency_ms:.2f} ms under the profiler "
                          "(that iteration is left out of the timing)")
-        if self.world_size > 1 and self.rank == 0 and self.global_throughput is not None:
-            per_rank = ", ".join(f"{t:,.1f}" for t in self.per_rank_throughput or [])
-            lines.append(f"global: {self.world_size} processes, global batch {self.batch_size}: "
-                         f"{self.global_throughput:,.1f} samples/s (slowest rank's median; per rank: {per_rank})")
-            if self.scaling_efficiency is not None:
-                lines.append(f"global: scaling efficiency {100 * self.scaling_efficiency:.1f}% against "
-                             f"{self.world_size} x {self.baseline_throughput:,.1f} samples/s of the 1-GPU run")
+        return "\n".join(lines)
+
+    def global_summary(self) -> str:
+        """The figures of all processes together (empty for a single process)."""
+        if self.world_size == 1 or self.global_throughput is None:
+            return ""
+        per_rank = ", ".join(f"{t:,.1f}" for t in self.per_rank_throughput or [])
+        lines = [f"global: {self.world_size} processes, global batch {self.batch_size}: "
+                 f"{self.global_throughput:,.1f} samples/s (global batch / slowest rank's median; "
+                 f"per rank: {per_rank})"]
+        if self.scaling_efficiency is not None:
+            lines.append(f"global: scaling efficiency {100 * self.scaling_efficiency:.1f}% against "
+                         f"{self.world_size} x {self.baseline_throughput:,.1f} samples/s of the 1-GPU run")
         return "\n".join(lines)
 
 

@@ -173,6 +173,8 @@ def _report(result: BenchmarkResult, ctx: distributed.DistContext) -> list[Bench
             print(f"operator table (rank {each.rank}):\n{each.operator_table}")
         if each.flops_profile:
             print(each.flops_profile.text)
+    if result.global_summary():
+        print(result.global_summary())
     return everyone
 
 

@@ -77,8 +77,11 @@ def _input_size(name: str, task: str) -> int:
         return _SEGMENTATION_SIZE
     if task == "detection":
         # The detector resizes every image to its min_size; feeding that size makes the resize a no-op.
-        # A model on the meta device is built without memory or initialisation.
-        with torch.device("meta"):
+        # A model on the meta device is built without memory or initialisation (else on the CPU).
+        try:
+            with torch.device("meta"):
+                model = models.get_model(name, weights=None, weights_backbone=None)
+        except Exception:
             model = models.get_model(name, weights=None, weights_backbone=None)
         return int(model.transform.min_size[-1])
     weights = models.get_model_weights(name)

@@ -12,11 +12,15 @@ weights and inputs: :func:`compare` measures that.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import asdict, dataclass
-from typing import ContextManager
+from typing import ContextManager, Sequence
 
 import torch
 
+from tinyllama import device as dev
+
+from inference import networks
 from inference.config import BenchmarkError
 
 # Largest difference from the fp32 reference, relative to the reference's largest magnitude, that a
@@ -167,3 +171,32 @@ def compare(reference: torch.Tensor, output: torch.Tensor, precision: str, class
         finite=finite,
         tolerance=TOLERANCE[compute_dtype],
     )
+
+
+def compare_precisions(network: str, precisions: Sequence[str] = ("fp16", "bf16"), batch_size: int = 16,
+                       device: str | None = None, channels_last: bool = False, input_size: int | None = None,
+                       seed: int = 0) -> list[AccuracyReport]:
+    """The workshop's accuracy check: run ``network`` in fp32 and in each of ``precisions`` on the same
+    weights and the same random batch (eval mode), and report how far each output is from fp32's."""
+    spec = networks.get_spec(network)
+    if spec.task == "detection":
+        raise BenchmarkError("precisions are compared on tensors: detectors return a value-dependent number of boxes")
+    where = dev.get_device(device)
+    size = input_size or spec.input_size
+    model = networks.build(spec, seed).to(where).eval()
+    cpu_inputs = networks.make_inputs(spec, batch_size, size, torch.Generator().manual_seed(seed + 1))
+    with torch.inference_mode():
+        reference = networks.primary_output(spec, model(networks.to_device(cpu_inputs, where))).float()
+    reports = []
+    for name in precisions:
+        chosen = plan(name, where)
+        candidate = copy.deepcopy(model).to(dtype=chosen.weight_dtype)
+        if channels_last:
+            candidate.to(memory_format=torch.channels_last)
+        inputs = networks.to_device(cpu_inputs, where, chosen.input_dtype, channels_last)
+        with torch.inference_mode(), chosen.autocast(where):
+            output = networks.primary_output(spec, candidate(inputs))
+        label = name + (" channels-last" if channels_last else "")
+        reports.append(compare(reference, output, name, spec.task == "classification", chosen.compute_dtype, label))
+        del candidate, output
+    return reports

@@ -161,6 +161,16 @@ def test_fp16_underflow_is_caught_before_timing():
         inference.run_benchmark(quick("mobilenet_v3_small", precision="fp16", input_size=64))
 
 
+def test_a_precision_without_kernels_is_a_clear_error(monkeypatch):
+    # Some PyTorch builds have no fp16 convolution on the CPU; the participant gets one line, not a traceback.
+    def no_half_kernel(*args, **kwargs):
+        raise RuntimeError("\"slow_conv2d_cpu\" not implemented for 'Half'")
+
+    monkeypatch.setattr(networks, "forward", no_half_kernel)
+    with pytest.raises(inference.BenchmarkError, match="fp16 is not supported on cpu.*try --precision bf16"):
+        inference.run_benchmark(quick("squeezenet1_0", precision="fp16", input_size=64))
+
+
 def test_amp_on_cpu_uses_bf16_autocast():
     plan = precision.plan("amp", torch.device("cpu"))
     assert plan.weight_dtype == torch.float32 and plan.autocast_dtype == torch.bfloat16
@@ -303,7 +313,9 @@ def test_missing_deepspeed_is_one_clear_line(monkeypatch):
 
 def test_csv_appends_rows_with_one_header(tmp_path):
     path = tmp_path / "runs.csv"
-    record = inference.run_benchmark(quick("squeezenet1_0", input_size=64)).as_record()
+    # The notebook entry point: a function returning the result record.
+    record = inference.run("squeezenet1_0", batch_size=2, iterations=2, warmup=1, device="cpu", input_size=64,
+                           progress=False).as_record()
     results.append_csv(path, [record])
     results.append_csv(path, [record, record])
     lines = path.read_text().splitlines()
