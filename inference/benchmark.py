@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
@@ -69,6 +70,7 @@ class BenchmarkResult:
     peak_memory_mib: float | None
     check: str
     accuracy: precision.AccuracyReport | None = None
+    loss_check: str | None = None
     first_loss: float | None = None
     final_loss: float | None = None
     profiler: str | None = None
@@ -147,7 +149,8 @@ class BenchmarkResult:
             "spread_warning": self.spread_warning, "throughput": self.throughput,
             "throughput_mean": self.throughput_mean, "ms_per_batch": self.ms_per_batch,
             "us_per_sample": self.us_per_sample, "peak_memory_mib": self.peak_memory_mib,
-            "check": self.check, "first_loss": self.first_loss, "final_loss": self.final_loss, "profiler": self.profiler,
+            "check": self.check, "loss_check": self.loss_check, "first_loss": self.first_loss,
+            "final_loss": self.final_loss, "profiler": self.profiler,
             "trace_files": self.trace_files, "global_throughput": self.global_throughput,
             "per_rank_throughput": self.per_rank_throughput, "baseline_throughput": self.baseline_throughput,
             "scaling_efficiency": self.scaling_efficiency,
@@ -171,6 +174,7 @@ class BenchmarkResult:
             + f", input 3x{self.input_size}x{self.input_size}",
             f"{who}device: {self.device} ({self.backend}), torch {self.environment.get('torch')}",
             f"{who}check: {self.accuracy.describe() if self.accuracy else self.check}",
+        ] + ([f"{who}check: {self.loss_check}"] if self.loss_check else []) + [
             f"{who}warm-up: {len(self.warmup_ms)} iterations, ms: " + ", ".join(f"{t:.1f}" for t in self.warmup_ms)
             + (f"  (first iteration {self.first_iteration_ms:.1f} ms"
                + (f", compilation about {self.compile_s:.1f} s" if self.compiled and self.compile_s is not None else "")
@@ -264,6 +268,18 @@ def _compile_kwargs(config: BenchmarkConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _training_loss(model: nn.Module, spec: networks.NetworkSpec, inputs: Any, targets: Any) -> float:
+    """The fp32 eager training-mode loss of one batch, leaving the model's buffers (BatchNorm running
+    statistics) as they were."""
+    saved = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    model.train()
+    with torch.no_grad():
+        value = float(networks.loss(spec, networks.forward(model, spec, inputs, targets), targets))
+        for name, buffer in model.named_buffers():
+            buffer.copy_(saved[name])
+    return value
+
+
 @contextlib.contextmanager
 def _no_range(name: str) -> Iterator[None]:
     yield
@@ -308,6 +324,11 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
         with torch.inference_mode():
             head = networks.to_device(networks.head(cpu_inputs, check_samples), device)
             reference = networks.primary_output(spec, networks.forward(model, spec, head)).float().clone()
+    # In training, also the loss of the first step (before any update), where it is deterministic.
+    reference_loss = None
+    if reference is not None and training and not networks.random_in_training(model):
+        reference_loss = _training_loss(model, spec, networks.to_device(cpu_inputs, device),
+                                        networks.to_device(cpu_targets, device))
 
     # Apply the configuration: precision, memory layout.
     if plan.weight_dtype != torch.float32:
@@ -319,6 +340,21 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
     del cpu_inputs, cpu_targets
 
     accuracy: precision.AccuracyReport | None = None
+    loss_check: str | None = None
+    if reference is not None and training and reference_loss is None:
+        loss_check = "first-step loss not compared: the network draws random numbers in training (dropout)"
+
+    def judge_loss(loss: float) -> None:
+        nonlocal loss_check
+        assert reference_loss is not None
+        difference = abs(loss - reference_loss) / abs(reference_loss)
+        tolerance = precision.TOLERANCE[plan.compute_dtype]
+        passed = math.isfinite(loss) and difference <= tolerance
+        loss_check = (f"first-step loss {loss:.5f} vs fp32 eager {reference_loss:.5f}: relative difference "
+                      f"{difference:.3g} [{'ok' if passed else 'FAILED'}, tolerance {tolerance:g}]")
+        if not passed:
+            raise CheckFailedError(f"{label} training: {loss_check}: a wrong result must not be timed; "
+                                   "pass --no-check to time it anyway")
 
     def judge(output: torch.Tensor, configuration: str) -> None:
         nonlocal accuracy, check
@@ -332,7 +368,7 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
     optimizer = scaler = None
     run_model: nn.Module = model
     if training:
-        if reference is not None:  # the eager configuration in eval mode (the compiled graph is timed only)
+        if reference is not None:  # the eager configuration in eval mode; the timed step's loss comes later
             model.eval()
             with torch.inference_mode(), plan.autocast(device):
                 judge(networks.primary_output(spec, networks.forward(model, spec, networks.head(inputs, check_samples))),
@@ -399,6 +435,8 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
             warmup_ms.append(timer.stop()["warm-up"])
             if i == 0 and training:
                 first_loss = float(output)
+                if reference_loss is not None:
+                    judge_loss(first_loss)
             if i == 0 and reference is not None and not training:
                 judge(networks.primary_output(spec, output)[:check_samples], label)
             del output
@@ -441,6 +479,7 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
         compile_options=dict(config.compile_options or {}), params=params, device=str(environment["device"]),
         backend=dev.backend() if device.type == "cuda" else "cpu", warmup_ms=warmup_ms, timing=summarize(samples),
         peak_memory_mib=None if peak is None else peak / 2**20, check=check, accuracy=accuracy,
+        loss_check=loss_check,
         first_loss=first_loss, final_loss=float(last) if training and last is not None else None,
         profiler="kineto" if config.kineto else ("autograd" if config.autograd_profiler else None),
         trace_files=list(trace.paths) if trace else [],

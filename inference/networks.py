@@ -142,6 +142,14 @@ def _initialise_zero_heads(model: nn.Module) -> None:
             nn.init.normal_(module.weight, std=0.01)
 
 
+def random_in_training(model: nn.Module) -> bool:
+    """True when the training-mode forward pass draws random numbers (dropout, stochastic depth), so
+    that two runs of it give different losses."""
+    from torchvision.ops import StochasticDepth
+
+    return any(isinstance(m, (nn.modules.dropout._DropoutNd, StochasticDepth)) and m.p > 0 for m in model.modules())
+
+
 def make_inputs(spec: NetworkSpec, batch_size: int, input_size: int, generator: torch.Generator) -> Inputs:
     """A random fp32 batch on the CPU: one tensor, or a list of images for detectors."""
     if spec.task == "detection":

@@ -186,14 +186,25 @@ def test_compile_reports_compilation_apart_and_is_checked():
     assert result.accuracy.passed
 
 
-def test_a_compiler_that_gets_the_answer_wrong_is_not_timed():
-    def wrong_backend(graph_module, example_inputs):
-        def run(*args):
-            return [o * 1.5 if isinstance(o, torch.Tensor) else o for o in graph_module(*args)]
-        return run
+def wrong_backend(graph_module, example_inputs):
+    """A torch.compile back end that scales every output: fast to compile, and wrong."""
+    def run(*args):
+        return [o * 1.5 if isinstance(o, torch.Tensor) else o for o in graph_module(*args)]
+    return run
 
+
+def test_a_compiler_that_gets_the_answer_wrong_is_not_timed():
     with pytest.raises(CheckFailedError, match="FAILED"):
         inference.run_benchmark(quick("squeezenet1_0", compile=True, compile_options={"backend": wrong_backend}))
+
+
+def test_a_compiled_training_step_with_a_wrong_loss_is_not_timed():
+    # Input shrunk to 64 pixels to keep the CPU test fast.
+    config = quick("resnet18", mode="training", compile=True, input_size=64)
+    right = inference.run_benchmark(config.replace(compile_options={"backend": "aot_eager"}))
+    assert "first-step loss" in right.loss_check and "[ok" in right.loss_check
+    with pytest.raises(CheckFailedError, match=r"first-step loss .*\[FAILED"):
+        inference.run_benchmark(config.replace(compile_options={"backend": wrong_backend}))
 
 
 def test_detection_and_segmentation_run_in_both_modes():
