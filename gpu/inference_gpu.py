@@ -238,7 +238,8 @@ def main() -> int:
     profilers = profiler_checks(plan, out)
 
     # Optional compiled variants, while the time budget lasts (each costs about one compilation).
-    optional = [("fp16 nhwc compile", "fp16", None), ("bf16 nhwc compile freezing", "bf16", freezing)]
+    optional = [("fp16 nhwc compile reduce-overhead", "fp16", {"mode": "reduce-overhead"}),
+                ("bf16 nhwc compile freezing", "bf16", freezing), ("fp16 nhwc compile", "fp16", None)]
     if not plan.smoke:
         optional.append(("fp16 nhwc compile max-autotune-no-cudagraphs", "fp16",
                          {"mode": "max-autotune-no-cudagraphs"}))

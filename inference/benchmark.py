@@ -239,7 +239,7 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkResult:
     if config.flops_prof_step is not None:
         profilers.require_deepspeed()
     ctx = distributed.current()
-    device = dev.get_device(config.device)
+    device = distributed.resolve_device(config.device)
     local_batch = ctx.local_batch(config.batch_size)
     problem: BenchmarkError | None = None
     try:

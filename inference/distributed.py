@@ -64,15 +64,23 @@ def current() -> DistContext:
     )
 
 
+def resolve_device(name: str | None) -> torch.device:
+    """``tinyllama.device.get_device``, with its errors (no GPU, no such GPU) as one-line messages."""
+    try:
+        return dev.get_device(name)
+    except RuntimeError as error:
+        raise BenchmarkError(str(error)) from None
+
+
 def choose_device(local_rank: int, device_ids: list[int] | None, device: str | None) -> torch.device:
     """This process's device: ``device`` when given, else the GPU ``device_ids[local_rank]`` (or
     ``local_rank``), else the CPU."""
     if device is not None:
-        return dev.get_device(device)
+        return resolve_device(device)
     if dev.backend() == "cpu":
         return torch.device("cpu")
     index = device_ids[local_rank % len(device_ids)] if device_ids else local_rank
-    return dev.get_device(f"cuda:{index}")
+    return resolve_device(f"cuda:{index}")
 
 
 def setup(*, distributed_dataparallel: bool = False, rank: int | None = None, world_size: int | None = None,

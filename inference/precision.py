@@ -18,8 +18,6 @@ from typing import ContextManager, Sequence
 
 import torch
 
-from tinyllama import device as dev
-
 from inference import networks
 from inference.config import BenchmarkError
 
@@ -181,7 +179,9 @@ def compare_precisions(network: str, precisions: Sequence[str] = ("fp16", "bf16"
     spec = networks.get_spec(network)
     if spec.task == "detection":
         raise BenchmarkError("precisions are compared on tensors: detectors return a value-dependent number of boxes")
-    where = dev.get_device(device)
+    from inference.distributed import resolve_device
+
+    where = resolve_device(device)
     size = input_size or spec.input_size
     model = networks.build(spec, seed).to(where).eval()
     cpu_inputs = networks.make_inputs(spec, batch_size, size, torch.Generator().manual_seed(seed + 1))

@@ -48,6 +48,16 @@ def test_unknown_network_exits_non_zero_with_the_closest_names(capsys):
     assert "unknown network 'resnet5'" in err and "resnet50" in err
 
 
+def test_asking_for_a_gpu_without_one_is_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["--network", "resnet18", "--device", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "PyTorch sees no GPU" in err and "Traceback" not in err
+
+
 def test_the_originals_flags_map_onto_the_config():
     parser = build_parser()
     config = config_from_args(parser.parse_args([
