@@ -1,0 +1,37 @@
+"""A micro-benchmark for torchvision networks: the workshop's inference benchmark.
+
+From a notebook::
+
+    import inference
+    result = inference.run("resnet50", batch_size=64, precision="fp16", channels_last=True)
+    print(result.summary())
+    inference.results_frame([result])          # a pandas DataFrame
+
+From a shell: ``python -m inference --network resnet50 --batch-size 32 --fp16 1`` (``--help``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference.benchmark import BenchmarkResult, CheckFailedError, OutOfMemoryError, run_benchmark
+from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
+from inference.networks import NetworkSpec, UnknownNetworkError, get_spec, list_networks
+from inference.precision import AccuracyReport, compare_precisions
+from inference.profilers import FlopsProfile, MissingDependencyError
+from inference.results import append_csv, append_json, load_json, results_frame
+from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, run_many, sweep_batch_sizes
+
+__all__ = [
+    "AccuracyReport", "BenchmarkConfig", "BenchmarkError", "BenchmarkResult", "CheckFailedError", "ConfigError",
+    "FlopsProfile", "MaxBatchResult", "MissingDependencyError", "NetworkSpec", "OutOfMemoryError", "SweepResult",
+    "UnknownNetworkError", "append_csv", "append_json", "compare_precisions", "find_max_batch_size", "get_spec", "list_networks",
+    "load_json", "results_frame", "run", "run_benchmark", "run_many", "sweep_batch_sizes",
+]
+
+
+def run(network: str = "resnet50", **settings: Any) -> BenchmarkResult:
+    """Benchmark ``network`` and return the result record; ``settings`` are the fields of
+    :class:`BenchmarkConfig` (batch_size, iterations, warmup, mode, precision, channels_last, compile,
+    compile_options, input_size, device, kineto, autograd_profiler, flops_prof_step, output_dir, ...)."""
+    return run_benchmark(BenchmarkConfig(network=network, **settings))

@@ -1,0 +1,492 @@
+"""One benchmark run: build the network, show it correct, warm it up, time it, report.
+
+Inference really is inference: ``model.eval()`` and ``torch.inference_mode()``, no loss, no backward.
+Training runs forward, loss, backward and an SGD step. Before anything is timed the configuration's
+outputs are compared with fp32 eager on the same weights and inputs (a failed check stops the run).
+Warm-up iterations are timed one by one and reported apart: the first one pays for allocation,
+autotuning and compilation. Timed iterations are measured with device events (a host clock on the
+CPU), back to back without a synchronize between them, and summarised by median and spread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from tinyllama import device as dev
+from tinyllama.timing import PhaseTimer, Stats, summarize
+
+from inference import distributed, networks, precision, profilers
+from inference.config import BenchmarkConfig, BenchmarkError
+from inference.distributed import DistContext
+
+SPREAD_WARNING_PCT = 5.0  # warn when the 10th-90th percentile spread exceeds this share of the median
+
+
+class OutOfMemoryError(BenchmarkError):
+    """The run did not fit in device memory; the memory has been given back."""
+
+    def __init__(self, batch_size: int, detail: str) -> None:
+        self.batch_size = batch_size
+        super().__init__(
+            f"out of memory at batch size {batch_size} ({detail}): try a smaller --batch-size, "
+            "--precision fp16/bf16, or --max-batch to find the largest batch that fits"
+        )
+
+
+class CheckFailedError(BenchmarkError):
+    """The configuration's outputs are too far from fp32 eager to be worth timing."""
+
+
+@dataclass
+class BenchmarkResult:
+    """Everything one run measured, for the summary, the results files and pandas."""
+
+    network: str
+    task: str
+    mode: str
+    precision: str
+    batch_size: int
+    local_batch_size: int
+    world_size: int
+    rank: int
+    input_size: int
+    channels_last: bool
+    compiled: bool
+    compile_options: dict[str, Any]
+    params: int
+    device: str
+    backend: str
+    warmup_ms: list[float]
+    timing: Stats
+    peak_memory_mib: float | None
+    check: str
+    accuracy: precision.AccuracyReport | None = None
+    loss_check: str | None = None
+    first_loss: float | None = None
+    final_loss: float | None = None
+    profiler: str | None = None
+    trace_files: list[str] = field(default_factory=list)
+    operator_table: str | None = None
+    flops_profile: profilers.FlopsProfile | None = None
+    global_throughput: float | None = None
+    per_rank_throughput: list[float] | None = None
+    baseline_throughput: float | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    timestamp: str = field(default_factory=lambda: _dt.datetime.now().isoformat(timespec="seconds"))
+
+    # ------------------------------------------------------------------ derived figures
+    @property
+    def throughput(self) -> float:
+        """Samples per second of this process, from the median iteration time."""
+        return self.local_batch_size / (self.timing.median / 1e3)
+
+    @property
+    def throughput_mean(self) -> float:
+        """Samples per second from the mean iteration time (total samples / total time)."""
+        return self.local_batch_size / (self.timing.mean / 1e3)
+
+    @property
+    def ms_per_batch(self) -> float:
+        return self.timing.median
+
+    @property
+    def us_per_sample(self) -> float:
+        return 1e3 * self.timing.median / self.local_batch_size
+
+    @property
+    def first_iteration_ms(self) -> float:
+        return self.warmup_ms[0]
+
+    @property
+    def compile_s(self) -> float | None:
+        """Time the first iteration took beyond a steady one: compilation, for a compiled run."""
+        if not self.compiled:
+            return None
+        return max(0.0, (self.first_iteration_ms - self.timing.median) / 1e3)
+
+    @property
+    def spread_warning(self) -> bool:
+        return self.timing.spread_pct > SPREAD_WARNING_PCT
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        """Global throughput over world size x the throughput of a 1-GPU run (when one was given)."""
+        if self.baseline_throughput is None or self.global_throughput is None:
+            return None
+        return self.global_throughput / (self.world_size * self.baseline_throughput)
+
+    @property
+    def configuration(self) -> str:
+        parts = [self.precision] + (["channels-last"] if self.channels_last else [])
+        if self.compiled:
+            mode = self.compile_options.get("mode") or ("options" if "options" in self.compile_options else "default")
+            parts.append(f"compiled ({mode})")
+        return " ".join(parts)
+
+    # ------------------------------------------------------------------ records
+    def as_record(self) -> dict[str, Any]:
+        """A flat dict of scalars and short lists: one CSV row, one JSON entry, one DataFrame row."""
+        record: dict[str, Any] = {
+            "timestamp": self.timestamp, "network": self.network, "task": self.task, "mode": self.mode,
+            "precision": self.precision, "channels_last": self.channels_last, "compiled": self.compiled,
+            "compile_options": self.compile_options, "batch_size": self.batch_size,
+            "local_batch_size": self.local_batch_size, "world_size": self.world_size, "rank": self.rank,
+            "input_size": self.input_size, "params": self.params, "device": self.device, "backend": self.backend,
+            "iterations": self.timing.n, "warmup": len(self.warmup_ms), "warmup_ms": self.warmup_ms,
+            "first_iteration_ms": self.first_iteration_ms, "compile_s": self.compile_s,
+            "median_ms": self.timing.median, "mean_ms": self.timing.mean, "std_ms": self.timing.std,
+            "min_ms": self.timing.min, "max_ms": self.timing.max, "p10_ms": self.timing.p10,
+            "p90_ms": self.timing.p90, "spread_pct": self.timing.spread_pct,
+            "spread_warning": self.spread_warning, "throughput": self.throughput,
+            "throughput_mean": self.throughput_mean, "ms_per_batch": self.ms_per_batch,
+            "us_per_sample": self.us_per_sample, "peak_memory_mib": self.peak_memory_mib,
+            "check": self.check, "loss_check": self.loss_check, "first_loss": self.first_loss,
+            "final_loss": self.final_loss, "profiler": self.profiler,
+            "trace_files": self.trace_files, "global_throughput": self.global_throughput,
+            "per_rank_throughput": self.per_rank_throughput, "baseline_throughput": self.baseline_throughput,
+            "scaling_efficiency": self.scaling_efficiency,
+        }
+        accuracy = self.accuracy.as_dict() if self.accuracy else {}
+        for key in ("max_abs_diff", "max_rel_diff", "mean_abs_diff", "top1_agreement", "tolerance", "passed"):
+            record[f"accuracy_{key}"] = accuracy.get(key)
+        flops = self.flops_profile.as_dict() if self.flops_profile else {}
+        for key in ("step", "macs", "flops", "params", "macs_per_sample", "forward_latency_ms", "forward_tflops"):
+            record[f"flops_profile_{key}"] = flops.get(key)
+        for key in ("torch", "python", "cuda", "hip", "triton", "tf32_matmul", "tf32_conv"):
+            record[key] = self.environment.get(key)
+        return record
+
+    def summary(self) -> str:
+        """The human-readable report the command line prints."""
+        who = f"[rank {self.rank}/{self.world_size}] " if self.world_size > 1 else ""
+        lines = [
+            f"{who}{self.network} ({self.task}), {self.mode}, {self.configuration}, "
+            f"batch {self.local_batch_size}" + (f" of global {self.batch_size}" if self.world_size > 1 else "")
+            + f", input 3x{self.input_size}x{self.input_size}",
+            f"{who}device: {self.device} ({self.backend}), torch {self.environment.get('torch')}",
+            f"{who}check: {self.accuracy.describe() if self.accuracy else self.check}",
+        ] + ([f"{who}check: {self.loss_check}"] if self.loss_check else []) + [
+            f"{who}warm-up: {len(self.warmup_ms)} iterations, ms: " + ", ".join(f"{t:.1f}" for t in self.warmup_ms)
+            + (f"  (first iteration {self.first_iteration_ms:.1f} ms"
+               + (f", compilation about {self.compile_s:.1f} s" if self.compiled and self.compile_s is not None else "")
+               + ")"),
+            f"{who}timed: {self.timing.n} iterations: median {self.timing.median:.3f} ms, mean {self.timing.mean:.3f}, "
+            f"std {self.timing.std:.3f}, min {self.timing.min:.3f}, max {self.timing.max:.3f}, "
+            f"p10-p90 spread {self.timing.spread_pct:.1f}% of the median",
+            f"{who}throughput: {self.throughput:,.1f} samples/s (mean-based {self.throughput_mean:,.1f}), "
+            f"{self.ms_per_batch:.3f} ms per batch, {self.us_per_sample:.1f} us per sample",
+            f"{who}peak device memory: "
+            + (f"{self.peak_memory_mib:,.0f} MiB" if self.peak_memory_mib is not None else "not tracked on the CPU"),
+        ]
+        if self.final_loss is not None:
+            lines.append(f"{who}training loss: {self.first_loss:.4f} at the first warm-up step, "
+                         f"{self.final_loss:.4f} at the last timed step")
+        if self.spread_warning:
+            lines.append(f"{who}WARNING: the iterations spread by {self.timing.spread_pct:.1f}% of the median "
+                         f"(more than {SPREAD_WARNING_PCT:g}%): the device may be shared, busy or throttling; run "
+                         "more --iterations, and check who else uses it (nvidia-smi, rocm-smi, top)")
+        if self.profiler:
+            lines.append(f"{who}note: timed with the {self.profiler} profiler attached, which slows the run; "
+                         "benchmark without it for figures to compare")
+        for path in self.trace_files:
+            lines.append(f"{who}trace written: {path} (open in https://ui.perfetto.dev or chrome://tracing)")
+        if self.flops_profile:
+            fp = self.flops_profile
+            lines.append(f"{who}DeepSpeed FLOPS profile at iteration {fp.step}: {fp.macs / 1e9:.3f} GMACs, "
+                         f"{fp.flops / 1e9:.3f} GFLOPs per forward of {fp.batch_size} samples "
+                         f"({fp.macs_per_sample / 1e9:.3f} GMACs per sample), {fp.params / 1e6:.2f} M params, "
+                         f"forward {fp.forward_latency_ms:.2f} ms under the profiler "
+                         "(that iteration is left out of the timing)")
+        return "\n".join(lines)
+
+    def global_summary(self) -> str:
+        """The figures of all processes together (empty for a single process)."""
+        if self.world_size == 1 or self.global_throughput is None:
+            return ""
+        per_rank = ", ".join(f"{t:,.1f}" for t in self.per_rank_throughput or [])
+        lines = [f"global: {self.world_size} processes, global batch {self.batch_size}: "
+                 f"{self.global_throughput:,.1f} samples/s (global batch / slowest rank's median; "
+                 f"per rank: {per_rank})"]
+        if self.scaling_efficiency is not None:
+            lines.append(f"global: scaling efficiency {100 * self.scaling_efficiency:.1f}% against "
+                         f"{self.world_size} x {self.baseline_throughput:,.1f} samples/s of the 1-GPU run")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+def run_benchmark(config: BenchmarkConfig) -> BenchmarkResult:
+    """Run one benchmark as ``config`` says and return its :class:`BenchmarkResult`.
+
+    Inside a process group (torchrun), every process calls this; the batch is split across them and
+    every result carries the global throughput. Raises :class:`BenchmarkError` subclasses with a
+    one-line message for what a participant can fix (bad settings, out of memory, failed check).
+    """
+    config.validate()
+    spec = networks.get_spec(config.network)
+    if config.flops_prof_step is not None:
+        profilers.require_deepspeed()
+    ctx = distributed.current()
+    device = distributed.resolve_device(config.device)
+    local_batch = ctx.local_batch(config.batch_size)
+    problem: BenchmarkError | None = None
+    try:
+        return _run(config, spec, ctx, device, local_batch)
+    except BenchmarkError:
+        raise
+    except Exception as error:  # turn the errors a participant can act on into one line
+        if dev.is_out_of_memory(error):
+            problem = OutOfMemoryError(local_batch, str(error).splitlines()[0][:200])
+        elif (message := precision.unsupported_message(error, config.precision, device)) is not None:
+            problem = BenchmarkError(message)
+        else:
+            raise
+    finally:
+        dev.free_memory(device)
+    # Raised here, outside the handler, so the failed run's frames (and tensors) are already released.
+    raise problem
+
+
+def _compile_kwargs(config: BenchmarkConfig) -> dict[str, Any]:
+    # Static shapes: each batch size gets its own graph, as a deployment would compile it.
+    kwargs: dict[str, Any] = {"dynamic": False}
+    kwargs.update(config.compile_options or {})
+    if kwargs.get("mode") == "default":
+        kwargs.pop("mode")
+    return kwargs
+
+
+def _training_loss(model: nn.Module, spec: networks.NetworkSpec, inputs: Any, targets: Any) -> float:
+    """The fp32 eager training-mode loss of one batch, leaving the model's buffers (BatchNorm running
+    statistics) as they were."""
+    saved = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    model.train()
+    with torch.no_grad():
+        value = float(networks.loss(spec, networks.forward(model, spec, inputs, targets), targets))
+        for name, buffer in model.named_buffers():
+            buffer.copy_(saved[name])
+    return value
+
+
+@contextlib.contextmanager
+def _no_range(name: str) -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(device: torch.device) -> Iterator[None]:
+    """Let cuDNN/MIOpen time its convolution algorithms for these shapes (during warm-up)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, device: torch.device,
+         local_batch: int) -> BenchmarkResult:
+    training = config.mode == "training"
+    plan = precision.plan(config.precision, device)
+    size = config.input_size or spec.input_size
+    show_progress = config.progress and ctx.is_main
+    label = " ".join([config.precision] + (["channels-last"] if config.channels_last else [])
+                     + (["compiled"] if config.compile else []))
+
+    # Same weights on every process; different data on each, as data parallelism has it.
+    model = networks.build(spec, config.seed).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    generator = torch.Generator().manual_seed(config.seed + 1 + 1000 * ctx.rank)
+    cpu_inputs = networks.make_inputs(spec, local_batch, size, generator)
+    cpu_targets = networks.make_targets(spec, local_batch, size, generator) if training else None
+
+    # The fp32 eager reference, before the configuration touches the model.
+    check_samples = min(local_batch, precision.CHECK_SAMPLES)
+    reference = None
+    check = "off (--no-check)" if not config.check else "skipped: detectors return a value-dependent number of boxes"
+    if config.check and spec.task != "detection":
+        model.eval()
+        with torch.inference_mode():
+            head = networks.to_device(networks.head(cpu_inputs, check_samples), device)
+            reference = networks.primary_output(spec, networks.forward(model, spec, head)).float().clone()
+    # In training, also the loss of the first step (before any update), where it is deterministic.
+    reference_loss = None
+    if reference is not None and training and not networks.random_in_training(model):
+        reference_loss = _training_loss(model, spec, networks.to_device(cpu_inputs, device),
+                                        networks.to_device(cpu_targets, device))
+
+    # Apply the configuration: precision, memory layout.
+    if plan.weight_dtype != torch.float32:
+        model.to(dtype=plan.weight_dtype)
+    if config.channels_last:
+        model.to(memory_format=torch.channels_last)
+    inputs = networks.to_device(cpu_inputs, device, plan.input_dtype, config.channels_last)
+    targets = networks.to_device(cpu_targets, device, plan.input_dtype)
+    del cpu_inputs, cpu_targets
+
+    accuracy: precision.AccuracyReport | None = None
+    loss_check: str | None = None
+    if reference is not None and training and reference_loss is None:
+        loss_check = "first-step loss not compared: the network draws random numbers in training (dropout)"
+
+    def judge_loss(loss: float) -> None:
+        nonlocal loss_check
+        assert reference_loss is not None
+        difference = abs(loss - reference_loss) / abs(reference_loss)
+        tolerance = precision.TOLERANCE[plan.compute_dtype]
+        passed = math.isfinite(loss) and difference <= tolerance
+        loss_check = (f"first-step loss {loss:.5f} vs fp32 eager {reference_loss:.5f}: relative difference "
+                      f"{difference:.3g} [{'ok' if passed else 'FAILED'}, tolerance {tolerance:g}]")
+        if not passed:
+            raise CheckFailedError(f"{label} training: {loss_check}: a wrong result must not be timed; "
+                                   "pass --no-check to time it anyway")
+
+    def judge(output: torch.Tensor, configuration: str) -> None:
+        nonlocal accuracy, check
+        assert reference is not None
+        accuracy = precision.compare(reference, output, config.precision, spec.task == "classification",
+                                     plan.compute_dtype, configuration)
+        check = "passed" if accuracy.passed else "failed"
+        if not accuracy.passed:
+            raise CheckFailedError(f"{accuracy.describe()}: {accuracy.failure_hint()}")
+
+    optimizer = scaler = None
+    run_model: nn.Module = model
+    if training:
+        if reference is not None:  # the eager configuration in eval mode; the timed step's loss comes later
+            model.eval()
+            with torch.inference_mode(), plan.autocast(device):
+                judge(networks.primary_output(spec, networks.forward(model, spec, networks.head(inputs, check_samples))),
+                      f"{config.precision}{' channels-last' if config.channels_last else ''} (eager, eval mode)")
+        model.train()
+        if ctx.distributed:
+            run_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        scaler = plan.make_grad_scaler(device)
+    else:
+        model.eval()
+
+    step_model: Callable[..., Any] = run_model
+    if config.compile:
+        torch._dynamo.reset()  # a fresh compile, not one cut short by earlier runs' recompile limit
+        step_model = torch.compile(run_model, **_compile_kwargs(config))
+    mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if config.compile else None
+    profiling = config.kineto or config.autograd_profiler
+    phase: Callable[[str], ContextManager[None]] = dev.annotate if profiling else _no_range
+
+    def make_step(module: Callable[..., Any]) -> Callable[[], Any]:
+        if not training:
+            def inference_step() -> Any:
+                if mark_step is not None:
+                    mark_step()
+                with torch.inference_mode(), plan.autocast(device), phase("forward"):
+                    return networks.forward(module, spec, inputs)
+            return inference_step
+
+        assert optimizer is not None
+
+        def training_step() -> torch.Tensor:
+            if mark_step is not None:
+                mark_step()
+            optimizer.zero_grad(set_to_none=True)
+            with phase("forward"), plan.autocast(device):
+                output = networks.forward(module, spec, inputs, targets)
+                loss = networks.loss(spec, output, targets)
+            with phase("backward"):
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            with phase("optimizer"):
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+            return loss.detach()
+        return training_step
+
+    step = make_step(step_model)
+    timer = PhaseTimer(device)
+    warmup_ms: list[float] = []
+    first_loss: float | None = None
+    prefix = f"[rank {ctx.rank}] " if ctx.distributed else ""
+
+    with _cudnn_benchmark(device):
+        # Warm-up, each iteration timed on its own: the first one pays the one-time costs.
+        warm_desc = f"{prefix}warm-up" + (" (the first iteration compiles)" if config.compile else "")
+        for i in tqdm(range(config.warmup), desc=warm_desc, disable=not show_progress, leave=False):
+            timer.start()
+            output = step()
+            timer.mark("warm-up")
+            warmup_ms.append(timer.stop()["warm-up"])
+            if i == 0 and training:
+                first_loss = float(output)
+                if reference_loss is not None:
+                    judge_loss(first_loss)
+            if i == 0 and reference is not None and not training:
+                judge(networks.primary_output(spec, output)[:check_samples], label)
+            del output
+
+        samples: list[float] = []
+        flops_profile = None
+        operator_table = None
+        trace = None
+        last = None
+        with contextlib.ExitStack() as stack:
+            kineto = None
+            if config.kineto:
+                trace_prefix = Path(config.output_dir) / (
+                    f"trace_{spec.name}_{config.mode}_{config.precision}_bs{config.batch_size}_rank{ctx.rank}")
+                kineto, trace = stack.enter_context(profilers.kineto(device, trace_prefix))
+            if config.autograd_profiler:
+                operator_table = stack.enter_context(profilers.operator_table(device))
+            distributed.barrier()  # all processes start timing together
+            dev.reset_peak_memory(device)
+            timer.start()
+            for i in tqdm(range(config.iterations), desc=f"{prefix}timed", disable=not show_progress, leave=False):
+                if i == config.flops_prof_step:
+                    samples.extend(timer.stop().values())
+                    flops_profile = profilers.deepspeed_flops(model, make_step(run_model), i, local_batch)
+                    timer.start()
+                else:
+                    with phase(f"iteration {i}"):
+                        last = step()
+                    timer.mark(f"iteration {i}")
+                if kineto is not None:
+                    kineto.step()
+            samples.extend(timer.stop().values())
+
+    peak = dev.memory_stats(device).peak_bytes
+    environment = {**dev.environment_summary(device), **precision.tf32_enabled(device)}
+    result = BenchmarkResult(
+        network=spec.name, task=spec.task, mode=config.mode, precision=config.precision,
+        batch_size=config.batch_size, local_batch_size=local_batch, world_size=ctx.world_size, rank=ctx.rank,
+        input_size=size, channels_last=config.channels_last, compiled=config.compile,
+        compile_options=dict(config.compile_options or {}), params=params, device=str(environment["device"]),
+        backend=dev.backend() if device.type == "cuda" else "cpu", warmup_ms=warmup_ms, timing=summarize(samples),
+        peak_memory_mib=None if peak is None else peak / 2**20, check=check, accuracy=accuracy,
+        loss_check=loss_check,
+        first_loss=first_loss, final_loss=float(last) if training and last is not None else None,
+        profiler="kineto" if config.kineto else ("autograd" if config.autograd_profiler else None),
+        trace_files=list(trace.paths) if trace else [],
+        operator_table=operator_table.text if operator_table else None, flops_profile=flops_profile,
+        baseline_throughput=config.baseline_throughput, environment=environment,
+    )
+    medians = distributed.gather(result.timing.median, ctx)
+    result.per_rank_throughput = distributed.gather(result.throughput, ctx)
+    result.global_throughput = config.batch_size / (max(medians) / 1e3)
+    return result

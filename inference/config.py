@@ -1,0 +1,182 @@
+"""What one benchmark run is asked to do, checked before anything is built.
+
+A :class:`BenchmarkConfig` is what the command line and the notebook API both produce. Its
+``validate()`` turns every bad value into a :class:`ConfigError` with a one-line message that says
+what to do, so that neither a participant nor a notebook ever sees a traceback for a typo.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+MODES = ("inference", "training")
+PRECISIONS = ("fp32", "fp16", "bf16", "amp")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Keys of torch.compile that --compileContext may set.
+COMPILE_KEYS = ("mode", "options", "fullgraph", "dynamic", "backend", "disable")
+# The PyTorch profiler's schedule for --kineto, as the original benchmark used it.
+KINETO_WAIT, KINETO_WARMUP, KINETO_ACTIVE = 1, 2, 2
+
+
+class BenchmarkError(Exception):
+    """A failure the participant can act on; the command line prints it as one line, no traceback."""
+
+
+class ConfigError(BenchmarkError, ValueError):
+    """A bad setting, found before anything is built."""
+
+
+@dataclass
+class BenchmarkConfig:
+    """One benchmark run.
+
+    ``batch_size`` is the global batch: with several processes (torchrun) each one runs
+    ``batch_size / world_size`` samples. ``input_size`` ``None`` means the size the network is built
+    for (224 for ResNet-50, 299 for Inception v3, 520 for segmentation, ...).
+    ``compile_options`` are keyword arguments of ``torch.compile`` (mode, options, fullgraph, dynamic,
+    backend); ``None`` with ``compile=True`` means PyTorch's defaults.
+    """
+
+    network: str = "resnet50"
+    batch_size: int = 64
+    iterations: int = 20
+    warmup: int = 5
+    mode: str = "inference"
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    compile_options: dict[str, Any] | None = None
+    input_size: int | None = None
+    device: str | None = None
+    seed: int = 0
+    check: bool = True
+    kineto: bool = False
+    autograd_profiler: bool = False
+    flops_prof_step: int | None = None
+    output_dir: str = "."
+    baseline_throughput: float | None = None
+    progress: bool = True
+
+    def replace(self, **changes: Any) -> "BenchmarkConfig":
+        """A copy with ``changes`` applied (for sweeps)."""
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for the first setting that cannot work."""
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        if self.iterations < 1:
+            raise ConfigError(f"--iterations must be at least 1 (got {self.iterations})")
+        if self.warmup < 1:
+            raise ConfigError(
+                f"--warmup must be at least 1 (got {self.warmup}): the first iteration pays one-time "
+                "costs (allocation, autotuning, compilation) that must not be timed"
+            )
+        _check_choice("--mode", self.mode, MODES)
+        _check_choice("--precision", self.precision, PRECISIONS)
+        if self.input_size is not None and self.input_size < 16:
+            raise ConfigError(f"--input-size must be at least 16 pixels (got {self.input_size})")
+        if self.flops_prof_step is not None:
+            if self.flops_prof_step < 0:
+                raise ConfigError(f"--flops-prof-step must be 0 or more (got {self.flops_prof_step})")
+            if self.flops_prof_step >= self.iterations:
+                raise ConfigError(
+                    f"--flops-prof-step {self.flops_prof_step} must be smaller than --iterations "
+                    f"{self.iterations} (it is the 0-based iteration that DeepSpeed profiles)"
+                )
+            if self.iterations < 2:
+                raise ConfigError(
+                    "--flops-prof-step needs --iterations 2 or more: the profiled iteration is left out "
+                    "of the timing, so at least one other must be timed"
+                )
+        needed = KINETO_WAIT + KINETO_WARMUP + KINETO_ACTIVE
+        if self.kineto and self.iterations < needed:
+            raise ConfigError(
+                f"--kineto needs --iterations {needed} or more (the profiler waits {KINETO_WAIT}, warms "
+                f"up {KINETO_WARMUP} and records {KINETO_ACTIVE}); got {self.iterations}"
+            )
+        if self.kineto and self.autograd_profiler:
+            raise ConfigError("use --kineto or --autograd-profiler, not both: two profilers cannot run at once")
+        if self.baseline_throughput is not None and self.baseline_throughput <= 0:
+            raise ConfigError("--baseline-throughput must be a positive samples/s figure of a 1-GPU run")
+        if self.compile_options and not self.compile:
+            raise ConfigError("compile_options were given but compile is off: set compile=True")
+        if self.compile:
+            check_compile_options(self.compile_options or {})
+
+
+def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag} must be one of {', '.join(choices)} (got {value!r})")
+
+
+def _as_bool(value: Any) -> Any:
+    # The original benchmark's examples write booleans as strings: {'fullgraph': 'True'}.
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
+
+
+def parse_compile_context(text: str | None) -> dict[str, Any]:
+    """Parse ``--compileContext``: a Python dict literal such as
+    ``"{'mode': 'max-autotune', 'fullgraph': 'True'}"`` or ``"{'options': {'freezing': True}}"``.
+    ``'True'``/``'False'`` strings become booleans. Raises :class:`ConfigError` for anything else.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as error:
+        raise ConfigError(
+            f"--compileContext must be a Python dict literal such as \"{{'mode': 'max-autotune'}}\" "
+            f"({error.__class__.__name__}: {error})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--compileContext must be a dict, got {type(value).__name__}")
+    parsed = {key: _as_bool(item) for key, item in value.items()}
+    if isinstance(parsed.get("options"), dict):
+        parsed["options"] = {key: _as_bool(item) for key, item in parsed["options"].items()}
+    check_compile_options(parsed)
+    return parsed
+
+
+def check_compile_options(options: dict[str, Any]) -> None:
+    """Check torch.compile keyword arguments before compiling, with messages that name the fix."""
+    for key in options:
+        if key not in COMPILE_KEYS:
+            raise ConfigError(
+                f"unknown torch.compile setting {key!r}: use {', '.join(COMPILE_KEYS)}"
+            )
+    mode = options.get("mode")
+    if mode is not None and mode not in COMPILE_MODES:
+        raise ConfigError(f"compile mode must be one of {', '.join(COMPILE_MODES)} (got {mode!r})")
+    inductor_options = options.get("options")
+    if inductor_options is not None:
+        if mode is not None:
+            raise ConfigError(
+                "torch.compile takes 'mode' or 'options', not both: put the mode's settings into options"
+            )
+        if not isinstance(inductor_options, dict):
+            raise ConfigError("compile 'options' must be a dict of inductor settings, e.g. {'freezing': True}")
+        known = _inductor_option_names()
+        for key in inductor_options:
+            if known and key.replace("-", "_") not in known:
+                close = difflib.get_close_matches(key.replace("-", "_"), known, n=3, cutoff=0.6)
+                hint = f"; close: {', '.join(close)}" if close else ""
+                raise ConfigError(
+                    f"unknown inductor option {key!r} in this PyTorch{hint} "
+                    "(torch._inductor.list_options() lists them)"
+                )
+
+
+def _inductor_option_names() -> list[str]:
+    try:
+        import torch._inductor
+
+        return list(torch._inductor.list_options())
+    except Exception:  # an old or stripped PyTorch: let torch.compile itself judge
+        return []

@@ -1,0 +1,168 @@
+"""Many runs in one process: batch-size sweeps, the largest batch that fits, and comparisons.
+
+Runs that do not fit in device memory are caught, their memory is given back, and the sweep goes on.
+All runs of one sweep happen in the same process on the same device, so their ratios are speed-ups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from tqdm.auto import tqdm
+
+from inference.benchmark import BenchmarkResult, OutOfMemoryError, run_benchmark
+from inference.config import BenchmarkConfig, ConfigError
+
+Runner = Callable[[BenchmarkConfig], BenchmarkResult]
+
+
+@dataclass
+class SweepPoint:
+    """One batch size of a sweep: its result, or why there is none."""
+
+    batch_size: int
+    status: str  # "ok", "out of memory", "skipped"
+    result: BenchmarkResult | None = None
+    detail: str = ""
+
+
+@dataclass
+class SweepResult:
+    """A batch-size sweep, in the order the sizes were given."""
+
+    points: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def results(self) -> list[BenchmarkResult]:
+        return [p.result for p in self.points if p.result is not None]
+
+    def table(self) -> str:
+        """A text table: batch size, throughput, ms per batch, peak memory, status."""
+        lines = [f"{'batch':>7}  {'samples/s':>12}  {'ms/batch':>10}  {'peak MiB':>10}  status"]
+        for p in self.points:
+            if p.result is None:
+                lines.append(f"{p.batch_size:>7}  {'-':>12}  {'-':>10}  {'-':>10}  {p.status} {p.detail}".rstrip())
+                continue
+            r = p.result
+            peak = f"{r.peak_memory_mib:,.0f}" if r.peak_memory_mib is not None else "-"
+            lines.append(f"{p.batch_size:>7}  {r.throughput:>12,.1f}  {r.ms_per_batch:>10.3f}  {peak:>10}  {p.status}"
+                         + ("  (spread > 5%)" if r.spread_warning else ""))
+        return "\n".join(lines)
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """``"8,16,32"`` -> ``[8, 16, 32]``, each at least 1."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--sweep takes batch sizes separated by commas, e.g. 8,16,32 (got {text!r})") from None
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"--sweep batch sizes must be at least 1 (got {text!r})")
+    return sizes
+
+
+def sweep_batch_sizes(config: BenchmarkConfig, batch_sizes: Iterable[int], runner: Runner = run_benchmark) -> SweepResult:
+    """Run ``config`` at each batch size. After an out-of-memory, larger sizes are skipped (they
+    would not fit either) and smaller ones still run."""
+    sizes = list(batch_sizes)
+    sweep = SweepResult()
+    smallest_oom: int | None = None
+    for size in tqdm(sizes, desc="batch sweep", disable=not config.progress):
+        if smallest_oom is not None and size >= smallest_oom:
+            sweep.points.append(SweepPoint(size, "skipped", detail=f"(batch {smallest_oom} ran out of memory)"))
+            continue
+        try:
+            result = runner(config.replace(batch_size=size, progress=False))
+        except OutOfMemoryError as error:
+            smallest_oom = size if smallest_oom is None else min(smallest_oom, size)
+            sweep.points.append(SweepPoint(size, "out of memory", detail=str(error).split(":")[0]))
+            continue
+        sweep.points.append(SweepPoint(size, "ok", result))
+    return sweep
+
+
+@dataclass
+class MaxBatchResult:
+    """The largest batch that ran, the smallest that did not, and every probe on the way."""
+
+    max_batch_size: int | None
+    first_failing: int | None
+    limit: int
+    probes: list[tuple[int, str]] = field(default_factory=list)
+    result: BenchmarkResult | None = None
+
+    def describe(self) -> str:
+        probes = ", ".join(f"{b}: {s}" for b, s in self.probes)
+        if self.max_batch_size is None:
+            return f"even batch {self.probes[0][0] if self.probes else '?'} does not fit (probes: {probes})"
+        bound = (f"batch {self.first_failing} runs out of memory" if self.first_failing is not None
+                 else f"no out-of-memory before the next doubling passed the limit {self.limit}")
+        return f"largest batch that fits: {self.max_batch_size} ({bound}; probes: {probes})"
+
+
+def find_max_batch_size(config: BenchmarkConfig, start: int | None = None, limit: int = 8192,
+                        runner: Runner = run_benchmark) -> MaxBatchResult:
+    """Double the batch from ``start`` (default: ``config.batch_size``) until it runs out of memory or
+    passes ``limit``, then bisect between the last size that fit and the first that did not. Each
+    probe is a short run (1 warm-up, 2 timed iterations, no check); the largest size that fits is then
+    benchmarked with ``config``'s own settings."""
+    size = start or config.batch_size
+    if size < 1 or limit < size:
+        raise ConfigError(f"the search needs 1 <= start <= limit (got start {size}, limit {limit})")
+    probe_config = config.replace(warmup=1, iterations=2, check=False, progress=False, kineto=False,
+                                  autograd_profiler=False, flops_prof_step=None)
+    probes: list[tuple[int, str]] = []
+
+    def fits(batch: int) -> bool:
+        try:
+            runner(probe_config.replace(batch_size=batch))
+        except OutOfMemoryError:
+            probes.append((batch, "out of memory"))
+            return False
+        probes.append((batch, "fits"))
+        return True
+
+    good: int | None = None
+    bad: int | None = None
+    with tqdm(desc="max batch search", disable=not config.progress) as bar:
+        while size <= limit:
+            bar.update()
+            if fits(size):
+                good = size
+                size *= 2
+            else:
+                bad = size
+                break
+        if good is None and bad is not None:
+            # Even the start does not fit: search below it.
+            low, high = 0, bad
+        else:
+            low, high = good or 0, bad
+        if high is not None:
+            while high - low > 1:
+                bar.update()
+                middle = (low + high) // 2
+                if fits(middle):
+                    low = middle
+                else:
+                    high = middle
+            good, bad = (low or None), high
+    found = MaxBatchResult(good, bad, limit, probes)
+    if good is not None:
+        try:  # the full run keeps a reference copy for its check, so it can need a little more
+            found.result = runner(config.replace(batch_size=good, progress=False))
+        except OutOfMemoryError as error:
+            probes.append((good, f"full run: {str(error).split(':')[0]}"))
+    return found
+
+
+def run_many(configs: Iterable[BenchmarkConfig], runner: Runner = run_benchmark) -> list[BenchmarkResult | OutOfMemoryError]:
+    """Run each config in turn in this process; an out-of-memory becomes an entry, not an abort."""
+    out: list[BenchmarkResult | OutOfMemoryError] = []
+    for config in configs:
+        try:
+            out.append(runner(config))
+        except OutOfMemoryError as error:
+            out.append(error)
+    return out

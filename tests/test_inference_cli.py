@@ -1,0 +1,119 @@
+"""The inference benchmark's command line: the original's flags, clear errors for bad ones, results
+files that only grow, and a 2-process torchrun on the CPU with gloo."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inference.cli import build_parser, config_from_args, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_module(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--network", "resnet18", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--network", "resnet18", "--iterations", "0"], "--iterations must be at least 1"),
+    (["--network", "resnet18", "--iterations", "10", "--flops-prof-step", "10"],
+     "--flops-prof-step 10 must be smaller than --iterations 10"),
+    (["--network", "resnet18", "--kineto", "--iterations", "3"], "--kineto needs --iterations 5"),
+    (["--network", "resnet18", "--fp16", "1", "--precision", "bf16"], "conflicting precisions"),
+    (["--network", "resnet18", "--compileContext", "{'mode': 'fastest'}"], "compile mode must be one of"),
+    (["--network", "resnet18", "--distributed_dataparallel"], "needs --rank, --world-size, --dist-url"),
+    (["--batch-size", "8"], "--network is required"),
+])
+def test_bad_flags_exit_non_zero_with_a_message(flags, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        code = main([*flags, "--device", "cpu"])
+        raise SystemExit(code)
+    assert exited.value.code != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_unknown_network_exits_non_zero_with_the_closest_names(capsys):
+    assert main(["--network", "resnet5", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown network 'resnet5'" in err and "resnet50" in err
+
+
+def test_asking_for_a_gpu_without_one_is_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["--network", "resnet18", "--device", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "PyTorch sees no GPU" in err and "Traceback" not in err
+
+
+def test_the_originals_flags_map_onto_the_config():
+    parser = build_parser()
+    config = config_from_args(parser.parse_args([
+        "--network", "resnet50", "--batch-size", "32", "--iterations", "20", "--fp16", "1", "--nhwc",
+        "--compileContext", "{'mode': 'max-autotune', 'fullgraph': 'True'}", "--autograd_profiler"]))
+    assert (config.network, config.batch_size, config.iterations, config.precision) == ("resnet50", 32, 20, "fp16")
+    assert config.channels_last and config.compile and config.autograd_profiler
+    assert config.compile_options == {"mode": "max-autotune", "fullgraph": True}
+    assert config.mode == "inference"  # inference is the default
+    assert config_from_args(parser.parse_args(["--network", "resnet50", "--amp"])).precision == "amp"
+
+
+def test_list_prints_every_task_with_input_sizes(capsys):
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "classification (" in out and "segmentation (" in out and "detection (" in out
+    assert any(line.split() == ["inception_v3", "299"] for line in out.splitlines())
+
+
+def test_missing_deepspeed_is_one_line_at_the_command_line(monkeypatch, capsys):
+    for name in ("deepspeed", "deepspeed.profiling", "deepspeed.profiling.flops_profiler"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["--network", "resnet18", "--iterations", "3", "--flops-prof-step", "1", "--device", "cpu"]) == 1
+    assert capsys.readouterr().err.strip() == "error: install deepspeed: pip install deepspeed"
+
+
+def test_command_line_appends_csv_and_json_in_the_output_dir(tmp_path):
+    flags = ["-m", "inference", "--network", "mobilenet_v3_small", "--batch-size", "2", "--iterations", "2",
+             "--warmup", "1", "--precision", "bf16", "--mode", "training", "--device", "cpu", "--quiet",
+             "--output-dir", str(tmp_path / "results"), "--csv-file", "runs.csv", "--json", "runs.json"]
+    for _ in range(2):
+        done = run_module(*flags, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert "samples/s" in done.stdout and "training loss" in done.stdout
+    rows = list(csv.DictReader((tmp_path / "results" / "runs.csv").open()))
+    records = json.loads((tmp_path / "results" / "runs.json").read_text())
+    assert len(rows) == len(records) == 2
+    assert {r["precision"] for r in rows} == {"bf16"} and {r["mode"] for r in records} == {"training"}
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["runs.csv", "runs.json"]
+
+
+def test_torchrun_with_gloo_splits_the_batch_and_reports_every_rank(tmp_path):
+    done = run_module(
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "inference", "--network", "resnet18", "--batch-size", "4", "--iterations", "3", "--warmup", "1",
+        "--dist-backend", "gloo", "--device", "cpu", "--quiet", "--json", str(tmp_path / "runs.json"),
+        "--baseline-throughput", "10",
+        cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "[rank 0/2]" in out and "[rank 1/2]" in out
+    assert out.count("batch 2 of global 4") == 2
+    assert "global: 2 processes, global batch 4:" in out and "scaling efficiency" in out
+    records = json.loads((tmp_path / "runs.json").read_text())
+    assert sorted(r["rank"] for r in records) == [0, 1]
+    assert all(r["local_batch_size"] == 2 and r["world_size"] == 2 for r in records)
+    medians = [r["median_ms"] for r in records]
+    assert records[0]["global_throughput"] == pytest.approx(4 / (max(medians) / 1e3))
+    assert records[0]["scaling_efficiency"] == pytest.approx(records[0]["global_throughput"] / (2 * 10))
