@@ -75,7 +75,7 @@ def categorize(name: str) -> str:
             tags = set()
         if torch.Tag.pointwise in tags:
             return ELEMENTWISE
-        if torch.Tag.reduction in tags:
+        if getattr(torch.Tag, "reduction", None) in tags:
             return REDUCTION
     return OTHER
 

@@ -91,7 +91,7 @@ class ProfilerNotFoundError(RuntimeError):
 
 
 _VERSION = re.compile(r"version\s*:?\s*v?(\d+(?:\.\d+)+)", re.IGNORECASE)
-_ANY_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)*)\b")
+_ANY_VERSION = re.compile(r"(?<![\w.])v?(\d+(?:\.\d+)+)")
 
 
 def parse_version(text: str) -> str | None:
@@ -221,6 +221,7 @@ def build_command(
     launch_count: int = 50,
     kernel_regex: str | None = None,
     profiler_range: bool = False,
+    metrics: Sequence[str] | None = None,
     tools: dict[str, ToolInfo] | None = None,
 ) -> ProfilerCommand:
     """The command line that profiles ``target`` (an argv, e.g. ``["python", "-m", "tinyllama.bench",
@@ -231,7 +232,8 @@ def build_command(
     else :class:`ProfilerNotFoundError` says which is missing; ``check=False`` only writes the command
     (to show it on a machine without the tool). ``launch_skip``/``launch_count``/``kernel_regex`` limit
     ncu to a few kernels (it replays each one many times); ``profiler_range`` profiles only between
-    ``torch.cuda.profiler.start()`` and ``stop()``.
+    ``torch.cuda.profiler.start()`` and ``stop()``; ``metrics`` replaces ncu's default metric list
+    (:data:`NCU_ROOFLINE_METRICS` + :data:`NCU_TENSOR_METRICS` for the roofline).
     """
     if task not in TASKS:
         raise ValueError(f"unknown profiling task {task!r}: choose one of {', '.join(TASKS)}")
@@ -258,7 +260,7 @@ def build_command(
     builder = {"rocprofv3": _rocprofv3, "rocprof-sys": _rocprof_sys, "rocprof-compute": _rocprof_compute,
                "nsys": _nsys, "ncu": _ncu}[chosen]
     return builder(task, target, out, name, launch_skip=launch_skip, launch_count=launch_count,
-                   kernel_regex=kernel_regex, profiler_range=profiler_range)
+                   kernel_regex=kernel_regex, profiler_range=profiler_range, metrics=metrics)
 
 
 def _rocprofv3(task: str, target: list[str], out: Path, name: str, **_: object) -> ProfilerCommand:
@@ -317,7 +319,8 @@ def _nsys(task: str, target: list[str], out: Path, name: str, *, profiler_range:
 
 
 def _ncu(task: str, target: list[str], out: Path, name: str, *, launch_skip: int = 0, launch_count: int = 50,
-         kernel_regex: str | None = None, profiler_range: bool = False, **_: object) -> ProfilerCommand:
+         kernel_regex: str | None = None, profiler_range: bool = False, metrics: Sequence[str] | None = None,
+         **_: object) -> ProfilerCommand:
     csv_path = out / f"{name}_ncu_{task}.csv"
     argv = ["ncu", "--csv", "--print-units", "base", "--log-file", str(csv_path),
             "--launch-skip", str(launch_skip), "--launch-count", str(launch_count)]
@@ -326,9 +329,10 @@ def _ncu(task: str, target: list[str], out: Path, name: str, *, launch_skip: int
     if kernel_regex:
         argv += ["--kernel-name", f"regex:{kernel_regex}"]
     if task == "kernel_stats":
-        argv += ["--metrics", "gpu__time_duration.sum"]
+        argv += ["--metrics", ",".join(metrics or ["gpu__time_duration.sum"])]
     elif task == "roofline":
-        argv += ["--metrics", ",".join(NCU_ROOFLINE_METRICS + NCU_TENSOR_METRICS)]
+        # Real clocks (ncu locks them to base by default), so durations match an unprofiled run.
+        argv += ["--clock-control", "none", "--metrics", ",".join(metrics or NCU_ROOFLINE_METRICS + NCU_TENSOR_METRICS)]
     else:
         for section in NCU_COUNTER_SECTIONS:
             argv += ["--section", section]
