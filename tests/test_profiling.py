@@ -83,6 +83,7 @@ def test_breakdown_by_phase_and_category(run):
     assert shares["time_ms"].sum() == pytest.approx(ops.loc[ops["kind"] == "operator", "self_cpu_ms"].sum(), rel=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 def test_trace_has_the_phase_ranges_and_is_never_overwritten(run, tmp_path):
     events = json.loads(run.trace_path.read_text())["traceEvents"]
     names = {e.get("name") for e in events}

@@ -206,3 +206,23 @@ def test_this_machine_is_described_even_without_any_tool():
     table = vendor.detect_tools()
     assert set(table.columns) >= {"tool", "vendor", "available", "version", "path", "purpose", "message"}
     assert all(table.loc[~table["available"], "message"].str.len() > 0)
+
+
+def test_a_run_past_its_time_limit_is_stopped_with_its_children(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    cmd = vendor.ProfilerCommand("timeline", "fake", ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], "")
+    with pytest.raises(RuntimeError, match="did not finish within 1 s"):
+        cmd.run(timeout_s=1)
+    child = int(pid_file.read_text())
+    import time
+
+    for _ in range(50):  # the killed child may take a moment to be reaped
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child}/stat").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the profiled program kept running after the time limit")

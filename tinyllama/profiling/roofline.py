@@ -236,6 +236,14 @@ def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: st
     points = work.copy()
     points["time_ms"] = points["operator"].map(time).fillna(0.0)
     measured = run.kernels()["total_ns"].sum() / 1e6 / run.steps if run.on_device else float(ops[column].sum())
+    if run.on_device:
+        # Kernels no ATen operator launched (compiled or Triton code): time known, work not counted here.
+        outside = run.kernels_outside_operators().groupby("category", as_index=False)["time_ms"].sum()
+        if len(outside):
+            points = pd.concat([points, pd.DataFrame({
+                "operator": [f"(kernels outside ATen ops: {c})" for c in outside["category"]],
+                "category": outside["category"], "calls": 0, "flops": 0, "flop_source": "none", "bytes": 0,
+                "precision": "none", "time_ms": outside["time_ms"]})], ignore_index=True)
     rest = measured - points["time_ms"].sum()
     if rest > 1e-6 * max(measured, 1e-9):
         points = pd.concat([points, pd.DataFrame([{
@@ -248,14 +256,19 @@ def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: st
 
 def roofline_points(
     step_fn: Callable[[], Any], roofs: Roofs, *, label: str = "", device: torch.device | str | None = None,
-    warmup: int = 1, active: int = 3,
+    warmup: int = 1, active: int = 3, count_fn: Callable[[], Any] | None = None,
 ) -> pd.DataFrame:
     """The roofline points of the operators of ``step_fn()``: one counting pass (FLOPs and bytes),
-    then ``warmup`` + ``active`` profiled calls (time); see :func:`operator_points`."""
+    then ``warmup`` + ``active`` profiled calls (time); see :func:`operator_points`.
+
+    For a ``torch.compile``-d model pass ``count_fn``, the same step of an uncompiled twin: compiled
+    code does not run operator by operator, so its work is counted on the eager graph, and the time of
+    its fused kernels appears in the "kernels outside ATen ops" rows.
+    """
     device = dev.get_device(None if device is None else str(device))
     step_fn()  # warm: compilation, autotuning and lazy state must not be counted or timed
     dev.synchronize(device)
-    work = count_operator_work(step_fn)
+    work = count_operator_work(count_fn or step_fn)
     run = profile_steps(step_fn, device=device, wait=0, warmup=warmup, active=active)
     return operator_points(work, run, roofs, label)
 
@@ -361,7 +374,8 @@ def plot_roofline(
                    edgecolor="black", linewidth=0.5,
                    label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable)")
         for _, row in frame.nlargest(top, "time_ms").iterrows():
-            ax.annotate(row["operator"].replace("aten::", ""), (row["intensity"], row["tflops"]), fontsize=8,
+            name = row["operator"].replace("aten::", "")
+            ax.annotate(name if len(name) <= 30 else name[:27] + "...", (row["intensity"], row["tflops"]), fontsize=8,
                         color=color, textcoords="offset points", xytext=(6, 4))
     if arrows and len(placeable) > 1:
         a, b = list(placeable.values())[:2]

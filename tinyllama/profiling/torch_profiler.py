@@ -129,6 +129,7 @@ class Overhead:
 
     cpu_ms: float
     device_ms: float | None
+    waiting_ms: float = 0.0  # time the CPU spent waiting for the device (synchronize): not overhead
 
     @property
     def ratio(self) -> float | None:
@@ -223,12 +224,30 @@ class ProfileRun:
         frame["percent"] = 100.0 * frame["total_ns"] / total if total else 0.0
         return frame.sort_values("total_ns", ascending=False, ignore_index=True)
 
+    def kernels_outside_operators(self) -> pd.DataFrame:
+        """Device kernels launched outside any ATen operator (by ``torch.compile``'s generated code, by
+        Triton kernels called directly), which the operator table cannot show: ``kernel``, ``category``
+        (from the kernel name), ``launched_in`` (the range around the launch) and ``time_ms`` per step."""
+        rows: dict[tuple[str, str], float] = {}
+        for event in self.profiler.events():
+            if _is_device(event) or row_kind(event.name) == "operator":
+                continue
+            for kernel in getattr(event, "kernels", []):
+                key = (kernel.name, event.name)
+                rows[key] = rows.get(key, 0.0) + kernel.duration
+        frame = pd.DataFrame([{"kernel": k, "category": categorize(k), "launched_in": where,
+                               "time_ms": us / 1e3 / self.steps} for (k, where), us in rows.items()],
+                             columns=["kernel", "category", "launched_in", "time_ms"])
+        return frame.sort_values("time_ms", ascending=False, ignore_index=True)
+
     def overhead(self) -> Overhead:
-        """CPU time of every host-side event against the device time of every kernel, per step."""
+        """CPU time of every host-side event against the device time of every kernel, per step. Time spent
+        waiting for the device (synchronize, ``.item()``) is not CPU work and is reported apart."""
         ops = self.operators()
-        cpu_ms = float(ops["self_cpu_ms"].sum())
+        waiting = ops["name"].str.contains("Synchronize|_local_scalar_dense", regex=True)
+        cpu_ms = float(ops.loc[~waiting, "self_cpu_ms"].sum())
         device_ms = float(self.kernels()["total_ns"].sum()) / 1e6 / self.steps if self.on_device else None
-        return Overhead(cpu_ms, device_ms)
+        return Overhead(cpu_ms, device_ms, float(ops.loc[waiting, "self_cpu_ms"].sum()))
 
     def breakdown(self) -> pd.DataFrame:
         """Time per (phase, category), per step: each operator's self time goes to the phase range it

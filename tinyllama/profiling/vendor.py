@@ -27,6 +27,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,8 +193,17 @@ class ProfilerCommand:
         lines when a step fails."""
         done = None
         for argv in [self.argv, *self.then]:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                                  env={**os.environ, **self.env})
+            # Own process group: on a timeout the profiler and the program it runs are stopped together.
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env={**os.environ, **self.env}, start_new_session=True)
+            try:
+                stdout, stderr = process.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                raise RuntimeError(f"{argv[0]} did not finish within {timeout_s:.0f} s and was stopped: "
+                                   "profile fewer kernels (launch_count) or a smaller problem") from None
+            done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
             if done.returncode != 0:
                 tail = "\n".join(((done.stdout or "") + (done.stderr or "")).strip().splitlines()[-15:])
                 raise RuntimeError(f"{argv[0]} failed with exit status {done.returncode}:\n{tail}")
