@@ -275,3 +275,90 @@ def test_deepspeed_leaves_torch_unpatched_even_when_the_model_fails():
     with pytest.raises(RuntimeError, match="boom"):
         pflops.deepspeed_profile(FailsSecondTime(3, 3), (torch.ones(1, 3),), warm_up=1)
     assert F.linear is original and torch.matmul is original_matmul
+
+
+# --- the GPU bookkeeping, on a recorded profile built by hand ----------------------------------------
+
+class _Event:
+    def __init__(self, name, parent=None, kernels=(), device="DeviceType.CPU", self_cpu=1.0, self_device=0.0, count=1):
+        self.name = self.key = name
+        self.cpu_parent = parent
+        self.kernels = [type("Kernel", (), {"name": k, "duration": d})() for k, d in kernels]
+        self.device_type = device
+        self.self_cpu_time_total = self.cpu_time_total = self_cpu
+        self.self_device_time_total = self.device_time_total = self_device
+        self.count = count
+
+
+class _Profiler:
+    def __init__(self, events, averages):
+        self._events, self._averages = events, averages
+
+    def events(self):
+        return self._events
+
+    def key_averages(self, group_by_input_shape=False):
+        return self._averages
+
+
+def test_gpu_breakdown_counts_every_kernel_once_with_its_launcher():
+    forward, optimizer = _Event("forward"), _Event("optimizer")
+    engine = _Event("autograd::engine::evaluate_function: MmBackward0")
+    events = [
+        forward, optimizer, engine,
+        _Event("aten::mm", forward, [("sm90_gemm", 100.0)]),
+        # the range's device-side copy must not count; compiled code launches a fused kernel from the range
+        _Event("forward", None, [("forward", 500.0), ("triton_poi_fused_mul_0", 50.0)]),
+        _Event("aten::mm", engine, [("sm90_gemm", 200.0)]),
+        _Event("aten::_foreach_add_", optimizer, [("multi_tensor_apply_kernel", 20.0)]),
+    ]
+    cuda = "DeviceType.CUDA"
+    averages = [
+        _Event("aten::mm", self_device=300.0, count=2), _Event("aten::_foreach_add_", self_device=20.0),
+        _Event("forward", self_cpu=5.0), _Event("optimizer"), _Event("cudaDeviceSynchronize", self_cpu=400.0),
+        _Event("sm90_gemm", device=cuda, self_cpu=0.0, self_device=300.0, count=2),
+        _Event("triton_poi_fused_mul_0", device=cuda, self_cpu=0.0, self_device=50.0),
+        _Event("multi_tensor_apply_kernel", device=cuda, self_cpu=0.0, self_device=20.0),
+        _Event("orphan_kernel", device=cuda, self_cpu=0.0, self_device=30.0),
+        _Event("forward", device=cuda, self_cpu=0.0, self_device=500.0),  # gpu_user_annotation
+    ]
+    run = tp.ProfileRun(_Profiler(events, averages), torch.device("cuda"), steps=1, trace_path=None)
+    table = run.breakdown().set_index(["phase", "category"])["time_ms"] * 1e3
+    assert table.to_dict() == pytest.approx({
+        ("backward", tp.GEMM): 200.0, ("forward", tp.GEMM): 100.0, ("forward", tp.ELEMENTWISE): 50.0,
+        ("unattributed", tp.OTHER): 30.0, ("optimizer", tp.OPTIMIZER): 20.0})
+    kernels = run.kernels()
+    assert kernels["total_ns"].sum() == 400_000 and "forward" not in set(kernels["kernel"])
+    outside = run.kernels_outside_operators()
+    assert outside.to_dict("records") == [{"kernel": "triton_poi_fused_mul_0", "category": tp.ELEMENTWISE,
+                                           "launched_in": "forward", "time_ms": 0.05}]
+    # roofline points on the same profile: operators, the fused kernel's time, and the rest kept apart
+    from tinyllama.profiling import roofline as rl
+
+    roofs = rl.Roofs("gpu", {"fp32": 50.0, "bf16": 800.0}, 3.0)
+    work = pd.DataFrame([
+        {"operator": "aten::mm", "category": tp.GEMM, "calls": 2, "flops": 8e9, "flop_source": "flop_counter",
+         "bytes": 1e8, "precision": "bf16"},
+        {"operator": "aten::_foreach_add_", "category": tp.OPTIMIZER, "calls": 1, "flops": 1e6,
+         "flop_source": "estimate: 1 per element", "bytes": 1.2e7, "precision": "fp32"}])
+    points = rl.operator_points(work, run, roofs, label="gpu").set_index("operator")
+    assert points["time_ms"].to_dict() == pytest.approx({
+        "aten::mm": 0.3, "(kernels outside ATen ops: element-wise)": 0.05, rl.UNATTRIBUTED: 0.03,
+        "aten::_foreach_add_": 0.02})
+    assert points.loc["aten::mm", "tflops"] == pytest.approx(8e9 / 0.3e-3 / 1e12)
+    overhead = run.overhead()
+    assert overhead.waiting_ms == pytest.approx(0.4) and overhead.device_ms == pytest.approx(0.4)
+    assert overhead.ratio == pytest.approx(overhead.cpu_ms / 0.4) and overhead.cpu_ms < 0.1
+
+
+def test_attention_formulas_match_torchs_and_read_query_heads_under_gqa():
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q, kv = (2, 8, 96, 64), (2, 8, 80, 64)  # cross lengths, not powers of two
+    assert pflops._attention_forward_flops(q, kv, kv) == sdpa_flop_count(q, kv, kv)
+    assert pflops._attention_backward_flops(q, kv, kv) == sdpa_backward_flop_count(q, q, kv, kv)
+    grouped = (2, 2, 80, 64)  # 4 query heads share each key/value head
+    assert pflops._attention_forward_flops(q, grouped, grouped) == sdpa_flop_count(q, kv, kv)
+    names = {str(op) for op in pflops.cpu_attention_formulas(gpu_kernels=True)}
+    assert {"aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention_backward"} <= names
+    assert not any("cudnn" in n or n.endswith("_attention") for n in map(str, pflops.cpu_attention_formulas()))

@@ -175,17 +175,30 @@ def _attention_backward_flops(q: Sequence[int], k: Sequence[int], v: Sequence[in
     return 2 * heads * s_q * s_k * (3 * d + 2 * d_v)
 
 
-def cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
+def cpu_attention_formulas(gpu_kernels: bool = False) -> dict[Any, Callable[..., int]]:
     """FLOP formulas for the CPU flash-attention kernels, which ``FlopCounterMode`` lacks; pass as its
-    ``custom_mapping``. Empty where this torch has no such kernels."""
+    ``custom_mapping``. Empty where this torch has no such kernels.
+
+    ``gpu_kernels`` also maps the CUDA/ROCm SDPA kernels (flash, memory-efficient, cuDNN) to the same
+    formulas, which read the query's heads: older torch releases' own formulas assert that keys and
+    values have as many heads as queries, which grouped-query attention (``enable_gqa``) breaks.
+    """
     aten = torch.ops.aten
+    forward = ["_scaled_dot_product_flash_attention_for_cpu"]
+    backward = ["_scaled_dot_product_flash_attention_for_cpu_backward"]
+    if gpu_kernels:
+        for kind in ("flash", "efficient", "cudnn"):
+            forward.append(f"_scaled_dot_product_{kind}_attention")
+            backward.append(f"_scaled_dot_product_{kind}_attention_backward")
     formulas: dict[Any, Callable[..., int]] = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = (
-            lambda q, k, v, *args, out_shape=None, **kwargs: _attention_forward_flops(q, k, v))
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
-        formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
-            lambda grad, q, k, v, *args, out_shape=None, **kwargs: _attention_backward_flops(q, k, v))
+    for name in forward:
+        if hasattr(aten, name):
+            formulas[getattr(aten, name)] = (
+                lambda q, k, v, *args, out_shape=None, **kwargs: _attention_forward_flops(q, k, v))
+    for name in backward:
+        if hasattr(aten, name):
+            formulas[getattr(aten, name)] = (
+                lambda grad, q, k, v, *args, out_shape=None, **kwargs: _attention_backward_flops(q, k, v))
     return formulas
 
 

@@ -172,7 +172,7 @@ def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
     ``tf32`` for fp32 matmuls on a GPU with TF32 allowed)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    extra = cpu_attention_formulas()
+    extra = cpu_attention_formulas(gpu_kernels=True)
     counter = FlopCounterMode(display=False, custom_mapping=extra) if extra else FlopCounterMode(display=False)
     recorder = _WorkRecorder()
     with counter, recorder:

@@ -232,7 +232,7 @@ class ProfileRun:
         for event in self.profiler.events():
             if _is_device(event) or row_kind(event.name) == "operator":
                 continue
-            for kernel in getattr(event, "kernels", []):
+            for kernel in _launched_kernels(event):
                 key = (kernel.name, event.name)
                 rows[key] = rows.get(key, 0.0) + kernel.duration
         frame = pd.DataFrame([{"kernel": k, "category": categorize(k), "launched_in": where,
@@ -251,35 +251,37 @@ class ProfileRun:
 
     def breakdown(self) -> pd.DataFrame:
         """Time per (phase, category), per step: each operator's self time goes to the phase range it
-        runs in (ops run by the autograd engine are backward) and to its :func:`categorize` category.
+        runs in (ops run by the autograd engine are backward) and to its :func:`categorize` category;
+        everything inside the optimizer range is ``optimizer``.
 
-        Columns: ``phase``, ``category``, ``time_ms`` (self device time on a GPU, self CPU time on a
-        CPU), ``share_pct``. Kernels that no operator launched (for example Triton kernels called
-        directly) appear with category from their kernel name and phase ``unattributed``.
+        Columns: ``phase``, ``category``, ``time_ms`` (device time on a GPU, self CPU time on a CPU),
+        ``share_pct``. On a GPU every kernel counts once, with the event that launched it: kernels
+        launched outside ATen operators (compiled code, Triton kernels called directly) take their
+        category from the kernel name; kernels the profiler could not link to any event are ``unattributed``.
         """
         totals: dict[tuple[str, str], float] = {}
-        attributed_us = 0.0
-        for event in self.profiler.events():
-            if _is_device(event) or row_kind(event.name) != "operator":
-                continue
-            us = _attr(event, "self_device_time_total", "self_cuda_time_total") if self.on_device \
-                else _attr(event, "self_cpu_time_total")
-            if us <= 0:
-                continue
-            attributed_us += us
-            phase = _phase_of(event)
-            # Everything the optimizer step runs is optimizer work, whatever the operator.
-            key = (phase, OPTIMIZER if phase == "optimizer" else categorize(event.name))
+
+        def add(phase: str, category: str, us: float) -> None:
+            key = (phase, OPTIMIZER if phase == "optimizer" else category)
             totals[key] = totals.get(key, 0.0) + us
+
+        linked_us = 0.0
+        for event in self.profiler.events():
+            if _is_device(event):
+                continue
+            operator = row_kind(event.name) == "operator"
+            if not self.on_device:
+                if operator and _attr(event, "self_cpu_time_total") > 0:
+                    add(_phase_of(event), categorize(event.name), _attr(event, "self_cpu_time_total"))
+                continue
+            for kernel in _launched_kernels(event):
+                linked_us += kernel.duration
+                add(_phase_of(event, include_self=True), categorize(event.name if operator else kernel.name),
+                    kernel.duration)
         if self.on_device:
-            # Kernels with no operator above them: their time is real and must not vanish.
-            kernels = self.kernels()
-            missing_us = kernels["total_ns"].sum() / 1e3 - attributed_us
-            if missing_us > 1e-3 * max(attributed_us, 1.0):
-                share = kernels["total_ns"] / kernels["total_ns"].sum()
-                for name, part in zip(kernels["kernel"], share):
-                    key = ("unattributed", categorize(name))
-                    totals[key] = totals.get(key, 0.0) + missing_us * part
+            missing_us = self.kernels()["total_ns"].sum() / 1e3 - linked_us
+            if missing_us > 1e-3 * max(linked_us, 1.0):
+                totals[("unattributed", OTHER)] = missing_us
         rows = [{"phase": p, "category": c, "time_ms": us / 1e3 / self.steps} for (p, c), us in totals.items()]
         frame = pd.DataFrame(rows, columns=["phase", "category", "time_ms"])
         total = frame["time_ms"].sum()
@@ -292,9 +294,16 @@ class ProfileRun:
         return frame.sort_values("time_ms", ascending=False, ignore_index=True)
 
 
-def _phase_of(event: Any) -> str:
+def _launched_kernels(event: Any) -> list[Any]:
+    """The device kernels linked to a host event, without the device-side copy of a range
+    (``gpu_user_annotation``: same name as the range, spanning every kernel inside it)."""
+    return [k for k in getattr(event, "kernels", []) if k.name != event.name and k.name not in PHASES
+            and not k.name.startswith("ProfilerStep#")]
+
+
+def _phase_of(event: Any, include_self: bool = False) -> str:
     """The phase range above ``event`` in the call tree; the autograd engine's work is backward."""
-    node = getattr(event, "cpu_parent", None)
+    node = event if include_self else getattr(event, "cpu_parent", None)
     while node is not None:
         if node.name in PHASES:
             return node.name
