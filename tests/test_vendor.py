@@ -71,6 +71,14 @@ def test_rocm_commands_follow_the_workshop(tmp_path):
     assert system.shell().startswith("ROCPROFSYS_OUTPUT_PATH=")
 
 
+def test_the_workshop_run_is_the_benchmark_with_this_python(tmp_path):
+    target = vendor.bench_target("v4", "medium", "bf16", 3)
+    assert target[0] == sys.executable and target[1:3] == ["-m", "tinyllama.bench"]
+    assert target[target.index("--version") + 1] == "v4" and target[target.index("--num-steps") + 1] == "3"
+    cmd = vendor.build_command("kernel_stats", target, tmp_path, backend="rocm", check=False)
+    assert cmd.argv[cmd.argv.index("--") + 1:] == target
+
+
 def test_cuda_commands_limit_ncu_and_chain_nsys_stats(tmp_path):
     roof = vendor.build_command("roofline", TARGET, tmp_path, backend="cuda", check=False, launch_skip=3,
                                 launch_count=7, profiler_range=True)

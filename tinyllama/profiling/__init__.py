@@ -24,14 +24,14 @@ from tinyllama.profiling.roofline import (
 )
 from tinyllama.profiling.torch_profiler import CATEGORIES, Overhead, ProfileRun, categorize, profile_steps
 from tinyllama.profiling.vendor import (
-    KERNEL_COLUMNS, ProfilerCommand, ProfilerNotFoundError, build_command, detect_tools, ncu_kernel_stats,
+    KERNEL_COLUMNS, ProfilerCommand, ProfilerNotFoundError, bench_target, build_command, detect_tools, ncu_kernel_stats,
     ncu_roofline_points, read_ncu_csv, read_nsys_kernel_summary, read_rocprof_compute_pmc,
     read_rocprof_compute_roofline, read_rocprofv3_kernel_stats, rocprof_compute_points,
 )
 
 __all__ = [
     "CATEGORIES", "KERNEL_COLUMNS", "CountComparison", "DeepSpeedMissing", "DeepSpeedProfile", "FlopCount",
-    "Overhead", "ProfileRun", "ProfilerCommand", "ProfilerNotFoundError", "Roofs", "build_command",
+    "Overhead", "ProfileRun", "ProfilerCommand", "ProfilerNotFoundError", "Roofs", "bench_target", "build_command",
     "categorize", "category_summary", "classify", "compare_counts", "compare_points", "count_flops",
     "count_operator_work", "deepspeed_available", "deepspeed_profile", "detect_tools", "kernel_points",
     "measure_roofs", "memory_breakdown", "memory_snapshot", "memory_timeline", "ncu_kernel_stats",

@@ -211,6 +211,16 @@ class ProfilerCommand:
         return done
 
 
+def bench_target(version: str = "v1", preset: str = "tiny", precision: str = "fp32", num_steps: int = 5,
+                 *extra: str) -> list[str]:
+    """The workshop's run to profile: ``python -m tinyllama.bench`` with this Python, quiet (no progress
+    bar in the profiler's output). Pass it as ``target`` to :func:`build_command`."""
+    import sys
+
+    return [sys.executable, "-m", "tinyllama.bench", "--version", version, "--preset", preset,
+            "--precision", precision, "--num-steps", str(num_steps), "--quiet", *extra]
+
+
 def _missing_message(task: str, wanted: Sequence[str], backend: str, infos: dict[str, ToolInfo]) -> str:
     found = "; ".join(infos[n].message for n in wanted if n in infos)
     return (f"{task.replace('_', ' ')} on {backend.upper()} needs {' or '.join(wanted)}, which this machine "
