@@ -386,8 +386,8 @@ def main() -> int:
             runs = [r for r in runs if r[1] != version]
         else:
             record["same_function"] = result
-        dev.free_memory(device)
             say(f"  losses {result['losses']} (relative difference {result['rel_diff']:.2e})")
+        dev.free_memory(device)
 
     points = {}
     for i, (label, version, precision) in enumerate(runs):
