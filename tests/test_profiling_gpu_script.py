@@ -1,0 +1,59 @@
+"""gpu/profiling_gpu.py's ncu path, run against a stand-in ncu that writes a sample in ncu's format."""
+
+import importlib.util
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).parent / "data"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("profiling_gpu", ROOT / "gpu" / "profiling_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fake_ncu(folder: Path, body: str) -> None:
+    script = folder / "ncu"
+    script.write_text(f"#!{sys.executable}\nimport shutil, sys\nargs = sys.argv[1:]\n"
+                      "if args == ['--version']:\n    print('Version 2024.3.0.0'); sys.exit(0)\n" + body + "\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+def test_ncu_results_are_read_and_the_known_gemm_checked(tmp_path, monkeypatch):
+    module = _script()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # Writes the sample where --log-file points; fails like an old ncu when asked for tensor counters.
+    _fake_ncu(bin_dir, f"""
+metrics = args[args.index('--metrics') + 1]
+if 'sm__ops_path_tensor' in metrics:
+    print('==ERROR== Failed to find metric sm__ops_path_tensor_src_bf16_dst_fp32.sum'); sys.exit(1)
+assert '--profile-from-start' in args and args[args.index('--launch-count') + 1] == '7'
+shutil.copy({str(DATA / 'ncu_details.csv')!r}, args[args.index('--log-file') + 1])
+""")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    args = module.argparse.Namespace(preset="ci", precision="bf16", ncu_launch_count=7)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = module.run_ncu(args, "v1", out, timeout_s=60)
+    assert "Failed to find metric" in result["tensor_counters_error"]  # first try, with tensor counters
+    assert (out / "ncu_v1.csv").exists() and result["kernels_profiled"] == 3
+    gemm = result["known_gemm"]
+    assert gemm["counted_flops"] == 2 * 2048**3 + 2 * 4_194_304  # the sample's GEMM is 2048^3
+    assert gemm["ratio"] == pytest.approx((2 * 2048**3 + 2 * 4_194_304) / (2 * module.KNOWN_GEMM**3))
+    assert len(result["points"]) == 2  # the step's kernels, after the GEMM
+
+
+def test_a_failing_ncu_is_reported_with_its_message(tmp_path, monkeypatch):
+    module = _script()
+    _fake_ncu(tmp_path, "print('==ERROR== ERR_NVGPUCTRPERM - The user does not have permission'); sys.exit(1)")
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    args = module.argparse.Namespace(preset="ci", precision="bf16", ncu_launch_count=5)
+    with pytest.raises(RuntimeError, match="ERR_NVGPUCTRPERM"):
+        module.run_ncu(args, "v1", tmp_path, timeout_s=60)

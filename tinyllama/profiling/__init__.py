@@ -1,0 +1,42 @@
+"""The instruments of the course: profilers, FLOP counters, memory views and the roofline.
+
+- :mod:`~tinyllama.profiling.torch_profiler`: the PyTorch profiler with a schedule, traces for
+  Perfetto/TensorBoard, operator tables, the CPU/device overhead test, time by phase and category;
+- :mod:`~tinyllama.profiling.memory`: memory by kind, per phase, and over a step (timeline, snapshot);
+- :mod:`~tinyllama.profiling.flops`: DeepSpeed's FLOPS profiler as data, ``torch.utils.flop_counter``,
+  and the cross-check between them;
+- :mod:`~tinyllama.profiling.vendor`: rocprofv3, rocprof-sys, rocprof-compute, nsys and ncu (detection,
+  command lines, output parsers): the one place that knows about vendor tools;
+- :mod:`~tinyllama.profiling.roofline`: measured roofs, operator and kernel points, the roofline plot.
+"""
+
+from tinyllama.profiling.flops import (
+    CountComparison, DeepSpeedMissing, DeepSpeedProfile, FlopCount, compare_counts, count_flops,
+    deepspeed_available, deepspeed_profile, training_flop_table,
+)
+from tinyllama.profiling.memory import (
+    memory_breakdown, memory_snapshot, memory_timeline, phase_memory, plot_memory_timeline,
+    plot_snapshot_timeline, snapshot_timeline,
+)
+from tinyllama.profiling.roofline import (
+    Roofs, category_summary, classify, compare_points, count_operator_work, kernel_points, measure_roofs,
+    operator_points, plot_roofline, roofline_points,
+)
+from tinyllama.profiling.torch_profiler import CATEGORIES, Overhead, ProfileRun, categorize, profile_steps
+from tinyllama.profiling.vendor import (
+    KERNEL_COLUMNS, ProfilerCommand, ProfilerNotFoundError, bench_target, build_command, detect_tools, ncu_kernel_stats,
+    ncu_roofline_points, read_ncu_csv, read_nsys_kernel_summary, read_rocprof_compute_pmc,
+    read_rocprof_compute_roofline, read_rocprofv3_kernel_stats, rocprof_compute_points,
+)
+
+__all__ = [
+    "CATEGORIES", "KERNEL_COLUMNS", "CountComparison", "DeepSpeedMissing", "DeepSpeedProfile", "FlopCount",
+    "Overhead", "ProfileRun", "ProfilerCommand", "ProfilerNotFoundError", "Roofs", "bench_target", "build_command",
+    "categorize", "category_summary", "classify", "compare_counts", "compare_points", "count_flops",
+    "count_operator_work", "deepspeed_available", "deepspeed_profile", "detect_tools", "kernel_points",
+    "measure_roofs", "memory_breakdown", "memory_snapshot", "memory_timeline", "ncu_kernel_stats",
+    "ncu_roofline_points", "operator_points", "phase_memory", "plot_memory_timeline", "plot_roofline",
+    "plot_snapshot_timeline", "profile_steps", "read_ncu_csv", "read_nsys_kernel_summary",
+    "read_rocprof_compute_pmc", "read_rocprof_compute_roofline", "read_rocprofv3_kernel_stats",
+    "rocprof_compute_points", "roofline_points", "snapshot_timeline", "training_flop_table",
+]

@@ -1,0 +1,416 @@
+"""Roofline analysis: where each operator of a training step sits against the device's roofs.
+
+The roofs are measured on this device (``tinyllama.ceilings``: a large matmul per precision, a large
+copy) and drawn next to the datasheet peaks (``tinyllama.device``). Each operator becomes a point:
+
+- FLOPs: ``torch.utils.flop_counter``'s formulas for matmuls, convolutions and attention; for the rest
+  an estimate (one FLOP per element for element-wise work, a few per element for softmax), marked as
+  such in ``flop_source``;
+- bytes: every input read once and every output written once (tensor sizes: the least traffic with no
+  cache reuse and no fusion; ncu or rocprof-compute measure the real DRAM traffic per kernel);
+- time: the PyTorch profiler's self device time of the operator (self CPU time on a CPU).
+
+From these: arithmetic intensity (FLOP/byte), achieved TFLOP/s, the roof that bounds it (memory or
+compute), the attainable rate there, and the time above the roof: where the remaining time sits.
+:func:`plot_roofline` draws V1 and a faster version on one log-log plot, so a participant sees which
+operators moved.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from tinyllama import ceilings
+from tinyllama import device as dev
+from tinyllama.profiling.flops import cpu_attention_formulas
+from tinyllama.profiling.torch_profiler import ProfileRun, categorize, profile_steps
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+# --------------------------------------------------------------------------------------------------
+# Roofs
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Roofs:
+    """Measured and datasheet roofs of one device: TFLOP/s per precision and TB/s."""
+
+    device: str
+    compute_tflops: dict[str, float]
+    bandwidth_tbs: float
+    datasheet_tflops: dict[str, float | None] = field(default_factory=dict)
+    datasheet_tbs: float | None = None
+
+    def compute(self, precision: str) -> float:
+        """The measured compute roof for ``precision`` (fp32's where that one was not measured)."""
+        return self.compute_tflops.get(precision, self.compute_tflops.get("fp32", max(self.compute_tflops.values())))
+
+    def ridge(self, precision: str) -> float:
+        """Arithmetic intensity (FLOP/byte) where the memory roof meets the compute roof."""
+        return self.compute(precision) / self.bandwidth_tbs
+
+    def table(self) -> pd.DataFrame:
+        """Measured ceilings next to the datasheet peaks, with the ratio."""
+        rows = [{"ceiling": f"matmul {p}", "unit": "TFLOP/s", "measured": v, "datasheet": self.datasheet_tflops.get(p)}
+                for p, v in self.compute_tflops.items()]
+        rows.append({"ceiling": "copy (read + write)", "unit": "TB/s", "measured": self.bandwidth_tbs,
+                     "datasheet": self.datasheet_tbs})
+        frame = pd.DataFrame(rows)
+        frame["measured_pct_of_datasheet"] = 100.0 * frame["measured"] / frame["datasheet"].astype(float)
+        return frame
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "compute_tflops": self.compute_tflops, "bandwidth_tbs": self.bandwidth_tbs,
+                "datasheet_tflops": self.datasheet_tflops, "datasheet_tbs": self.datasheet_tbs}
+
+
+def measure_roofs(
+    device: torch.device | str | None = None, precisions: Sequence[str] = PRECISIONS,
+    matmul_size: int | None = None, copy_bytes: int | None = None,
+) -> Roofs:
+    """Measure the matmul rate for each precision and the copy bandwidth on ``device``
+    (``tinyllama.ceilings``) and look up its datasheet peaks (``tinyllama.device``; none on a CPU)."""
+    device = dev.get_device(None if device is None else str(device))
+    measured = ceilings.measure_ceilings(device, tuple(precisions), matmul_size, copy_bytes)
+    peaks = dev.device_peaks(device)
+    return Roofs(
+        device=dev.device_name(device),
+        compute_tflops={p: measured[f"matmul_{p}"].value for p in precisions},
+        bandwidth_tbs=measured["copy"].value,
+        datasheet_tflops={p: (peaks.tflops(p) if peaks else None) for p in precisions},
+        datasheet_tbs=peaks.memory_bandwidth_tbs if peaks else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Work per operator
+# --------------------------------------------------------------------------------------------------
+
+# FLOPs per element for operators that are neither tagged pointwise nor counted by flop_counter.
+_PER_ELEMENT = {"aten::_softmax": 5, "aten::_log_softmax": 5, "aten::_softmax_backward_data": 3,
+                "aten::_log_softmax_backward_data": 3}
+# AdamW per parameter: two moment updates, bias corrections, sqrt, eps, divide, decay, update.
+_ADAM_FLOPS_PER_PARAM = 16
+
+
+def _footprint(t: torch.Tensor) -> int:
+    """Bytes a tensor occupies: a broadcast (stride-0) dimension is stored once."""
+    elements = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            elements *= size
+    return elements * t.element_size()
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _qualified(packet: Any) -> str:
+    return getattr(packet, "_qualified_op_name", None) or str(packet).replace(".", "::", 1)
+
+
+class _WorkRecorder(TorchDispatchMode):
+    """Records calls, bytes moved and estimated FLOPs of every ATen operator that runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: dict[str, dict[str, Any]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._schema.name
+        if getattr(func, "is_view", False) or name.startswith("profiler::"):
+            return out  # a view moves no data; the profiler's own range markers are not work
+        inputs = _tensors((args, kwargs))
+        outputs = _tensors(out)
+        writes = outputs or [t for schema, value in zip(func._schema.arguments, args)
+                             if schema.alias_info is not None and schema.alias_info.is_write
+                             for t in _tensors(value)]
+        nbytes = sum(map(_footprint, inputs)) + sum(map(_footprint, writes))
+        tags = set(getattr(func, "tags", ()))
+        if name.startswith(("aten::_fused_adam", "aten::_fused_sgd")):
+            flops, source = _ADAM_FLOPS_PER_PARAM * sum(t.numel() for t in _tensors(args[0])), "estimate: 16 per parameter"
+        elif name.startswith("aten::_foreach_"):
+            flops, source = sum(t.numel() for t in _tensors(args[0])), "estimate: 1 per element"
+        elif torch.Tag.pointwise in tags:
+            flops, source = sum(t.numel() for t in writes), "estimate: 1 per element"
+        elif name in _PER_ELEMENT:
+            flops, source = _PER_ELEMENT[name] * inputs[0].numel(), f"estimate: {_PER_ELEMENT[name]} per element"
+        elif getattr(torch.Tag, "reduction", None) in tags:
+            flops, source = inputs[0].numel() if inputs else 0, "estimate: 1 per input element"
+        else:
+            flops, source = 0, "none"
+        floating = [t.dtype for t in inputs if t.is_floating_point()]
+        record = self.ops.setdefault(name, {"calls": 0, "bytes": 0, "estimated_flops": 0, "flop_source": source,
+                                            "dtypes": Counter(), "tf32": False})
+        record["calls"] += 1
+        record["bytes"] += nbytes
+        record["estimated_flops"] += flops
+        record["dtypes"].update(floating[:1])
+        record["tf32"] |= bool(torch.backends.cuda.matmul.allow_tf32) and any(t.is_cuda for t in inputs)
+        return out
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+
+
+def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
+    """Run ``fn()`` once and return, per ATen operator: ``operator``, ``category``, ``calls``,
+    ``flops`` (counted by ``FlopCounterMode`` where it has a formula, else estimated), ``flop_source``,
+    ``bytes`` (inputs read once + outputs written once) and ``precision`` (of its floating inputs;
+    ``tf32`` for fp32 matmuls on a GPU with TF32 allowed)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    extra = cpu_attention_formulas(gpu_kernels=True)
+    counter = FlopCounterMode(display=False, custom_mapping=extra) if extra else FlopCounterMode(display=False)
+    recorder = _WorkRecorder()
+    with counter, recorder:
+        fn()
+    counted = {_qualified(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    rows = []
+    for name, r in recorder.ops.items():
+        dtype = r["dtypes"].most_common(1)[0][0] if r["dtypes"] else None
+        precision = _DTYPE_NAMES.get(dtype, "other" if dtype else "none")
+        if name in counted:
+            flops, source = counted[name], "flop_counter"
+            if precision == "fp32" and r["tf32"]:
+                precision = "tf32"
+        else:
+            flops, source = r["estimated_flops"], r["flop_source"]
+        rows.append({"operator": name, "category": categorize(name), "calls": r["calls"], "flops": flops,
+                     "flop_source": source, "bytes": r["bytes"], "precision": precision})
+    return pd.DataFrame(rows).sort_values("flops", ascending=False, ignore_index=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Points
+# --------------------------------------------------------------------------------------------------
+
+UNATTRIBUTED = "(time not matched to an operator)"
+
+
+def classify(points: pd.DataFrame, roofs: Roofs) -> pd.DataFrame:
+    """Add the roofline columns to points that have ``flops``, ``bytes``, ``time_ms`` and ``precision``:
+    ``intensity`` (FLOP/byte), ``tflops`` and ``tbs`` achieved, ``roof_tflops`` (the compute roof: the
+    measured matmul rate of the precision for matmul-class work, fp32's for the rest), ``bound``
+    (``memory`` below the ridge point, ``compute`` above), ``attainable_tflops``, ``pct_of_roof``,
+    ``roof_time_ms`` (the time at the roof) and ``excess_ms`` (measured minus that)."""
+    p = points.copy()
+    seconds = p["time_ms"] / 1e3
+    p["intensity"] = p["flops"] / p["bytes"].where(p["bytes"] > 0)
+    p["tflops"] = p["flops"] / seconds.where(seconds > 0) / 1e12
+    p["tbs"] = p["bytes"] / seconds.where(seconds > 0) / 1e12
+    matmul = p.get("flop_source", pd.Series("flop_counter", index=p.index)) == "flop_counter"
+    p["roof_tflops"] = [roofs.compute(prec) if mm else roofs.compute("fp32") for prec, mm in zip(p["precision"], matmul)]
+    ridge = p["roof_tflops"] / roofs.bandwidth_tbs
+    p["bound"] = (p["intensity"] >= ridge).map({True: "compute", False: "memory"}).where(p["intensity"].notna(), "")
+    p["attainable_tflops"] = (p["intensity"] * roofs.bandwidth_tbs).clip(upper=p["roof_tflops"])
+    p["pct_of_roof"] = 100.0 * p["tflops"] / p["attainable_tflops"]
+    roof_s = pd.concat([p["flops"] / (p["roof_tflops"] * 1e12), p["bytes"] / (roofs.bandwidth_tbs * 1e12)], axis=1).max(axis=1)
+    p["roof_time_ms"] = 1e3 * roof_s.where(p["bytes"] > 0)
+    p["excess_ms"] = p["time_ms"] - p["roof_time_ms"]
+    total = p["time_ms"].sum()
+    p["time_pct"] = 100.0 * p["time_ms"] / total if total else 0.0
+    return p
+
+
+def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: str = "") -> pd.DataFrame:
+    """Join :func:`count_operator_work` (one step) with the profiler's time per operator (per step) and
+    :func:`classify` them. Time the profiler measured on operators the counting did not see (or on
+    kernels no operator launched) is kept as one row named :data:`UNATTRIBUTED`."""
+    ops = run.operators()
+    ops = ops[ops["kind"] == "operator"]
+    column = "self_device_ms" if run.on_device else "self_cpu_ms"
+    time = dict(zip(ops["name"], ops[column]))
+    points = work.copy()
+    points["time_ms"] = points["operator"].map(time).fillna(0.0)
+    measured = run.kernels()["total_ns"].sum() / 1e6 / run.steps if run.on_device else float(ops[column].sum())
+    if run.on_device:
+        # Kernels no ATen operator launched (compiled or Triton code): time known, work not counted here.
+        outside = run.kernels_outside_operators().groupby("category", as_index=False)["time_ms"].sum()
+        if len(outside):
+            points = pd.concat([points, pd.DataFrame({
+                "operator": [f"(kernels outside ATen ops: {c})" for c in outside["category"]],
+                "category": outside["category"], "calls": 0, "flops": 0, "flop_source": "none", "bytes": 0,
+                "precision": "none", "time_ms": outside["time_ms"]})], ignore_index=True)
+    rest = measured - points["time_ms"].sum()
+    if rest > 1e-6 * max(measured, 1e-9):
+        points = pd.concat([points, pd.DataFrame([{
+            "operator": UNATTRIBUTED, "category": "other", "calls": 0, "flops": 0, "flop_source": "none",
+            "bytes": 0, "precision": "none", "time_ms": rest}])], ignore_index=True)
+    points = classify(points, roofs)
+    points.insert(0, "label", label)
+    return points.sort_values("time_ms", ascending=False, ignore_index=True)
+
+
+def roofline_points(
+    step_fn: Callable[[], Any], roofs: Roofs, *, label: str = "", device: torch.device | str | None = None,
+    warmup: int = 1, active: int = 3, count_fn: Callable[[], Any] | None = None,
+) -> pd.DataFrame:
+    """The roofline points of the operators of ``step_fn()``: one counting pass (FLOPs and bytes),
+    then ``warmup`` + ``active`` profiled calls (time); see :func:`operator_points`.
+
+    For a ``torch.compile``-d model pass ``count_fn``, the same step of an uncompiled twin: compiled
+    code does not run operator by operator, so its work is counted on the eager graph, and the time of
+    its fused kernels appears in the "kernels outside ATen ops" rows.
+    """
+    device = dev.get_device(None if device is None else str(device))
+    step_fn()  # warm: compilation, autotuning and lazy state must not be counted or timed
+    dev.synchronize(device)
+    work = count_operator_work(count_fn or step_fn)
+    run = profile_steps(step_fn, device=device, wait=0, warmup=warmup, active=active)
+    return operator_points(work, run, roofs, label)
+
+
+def kernel_points(kernels: pd.DataFrame, roofs: Roofs, label: str = "", precision: str = "bf16") -> pd.DataFrame:
+    """Roofline points from measured kernel counters (``vendor.ncu_roofline_points`` or
+    ``vendor.rocprof_compute_points``), aggregated by kernel name and :func:`classify`-ed. Kernels with
+    tensor-core/MFMA FLOPs use the ``precision`` roof, the others fp32's."""
+    k = kernels.rename(columns={"dram_bytes": "bytes", "hbm_bytes": "bytes"})
+    matrix = k.get("tensor_flops", k.get("mfma_flops", pd.Series(0.0, index=k.index)))
+    grouped = k.assign(matrix=matrix).groupby("kernel", sort=False).agg(
+        calls=("time_ns", "size"), time_ns=("time_ns", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
+        matrix=("matrix", "sum")).reset_index()
+    points = pd.DataFrame({
+        "operator": grouped["kernel"].map(short_kernel_name), "kernel": grouped["kernel"],
+        "category": grouped["kernel"].map(categorize), "calls": grouped["calls"], "flops": grouped["flops"],
+        "flop_source": ["flop_counter" if m > 0 else "counters" for m in grouped["matrix"]],
+        "bytes": grouped["bytes"], "precision": [precision if m > 0 else "fp32" for m in grouped["matrix"]],
+        "time_ms": grouped["time_ns"] / 1e6})
+    points = classify(points, roofs)
+    points.insert(0, "label", label)
+    return points.sort_values("time_ms", ascending=False, ignore_index=True)
+
+
+def short_kernel_name(name: str, width: int = 40) -> str:
+    """``void at::native::vectorized_elementwise_kernel<4, ...>(...)`` -> ``vectorized_elementwise_kernel``."""
+    base = name.split("(")[0].split("<")[0].strip()
+    base = base.split("::")[-1].replace("void ", "")
+    return base if len(base) <= width else base[: width - 3] + "..."
+
+
+def compare_points(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """Operator by operator: time before and after, the speed-up, and how intensity and rate moved.
+    Operators present in only one version appear with the other side empty."""
+    cols = ["operator", "category", "time_ms", "intensity", "tflops", "bound"]
+    merged = before[cols].merge(after[cols], on=["operator"], how="outer", suffixes=("_before", "_after"))
+    merged["category"] = merged["category_before"].fillna(merged["category_after"])
+    merged = merged.drop(columns=["category_before", "category_after"])
+    merged["saved_ms"] = merged["time_ms_before"].fillna(0) - merged["time_ms_after"].fillna(0)
+    merged["speedup"] = merged["time_ms_before"] / merged["time_ms_after"]
+    return merged.sort_values("saved_ms", ascending=False, ignore_index=True)
+
+
+def category_summary(points: pd.DataFrame) -> pd.DataFrame:
+    """Time, time at the roof and excess per category: where the remaining time sits."""
+    table = points.groupby(["label", "category"], as_index=False)[["time_ms", "roof_time_ms", "excess_ms"]].sum(min_count=1)
+    return table.sort_values(["label", "time_ms"], ascending=[True, False], ignore_index=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The plot
+# --------------------------------------------------------------------------------------------------
+
+_STYLES = [("tab:red", "o"), ("tab:blue", "s"), ("tab:green", "^"), ("tab:purple", "D")]
+
+
+def plot_roofline(
+    points: pd.DataFrame | Mapping[str, pd.DataFrame], roofs: Roofs, path: str | Path | None = None, *,
+    top: int = 6, title: str = "", arrows: bool = True,
+) -> Any:
+    """A log-log roofline: measured roofs (solid) and datasheet peaks (dashed), each version's operators
+    as points sized by their share of the step time, the ``top`` operators of each labelled, and arrows
+    from the first version's operators to the same operators in the next one. Saved to ``path`` if
+    given; returns the matplotlib figure. Points without FLOPs or bytes (copies, unmatched time) cannot
+    be placed on these axes: the legend says how much time they hold."""
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    versions = dict(points) if isinstance(points, Mapping) else {
+        str(label): frame for label, frame in points.groupby("label", sort=False)}
+    if not versions:
+        raise ValueError("no points to plot: pass the DataFrame of roofline_points() or a dict of them")
+    placeable = {k: v[(v["flops"] > 0) & (v["bytes"] > 0) & (v["time_ms"] > 0)] for k, v in versions.items()}
+    intensities = pd.concat([v["intensity"] for v in placeable.values()])
+    precisions = sorted({p for v in placeable.values() for p in v["precision"] if p in roofs.compute_tflops} | {"fp32"},
+                        key=lambda p: roofs.compute(p))
+    lo = min(float(intensities.min()) if len(intensities) else 0.1, 0.05) / 2
+    hi = max(float(intensities.max()) if len(intensities) else 10.0, max(roofs.ridge(p) for p in precisions)) * 4
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    for i, precision in enumerate(precisions):
+        roof = roofs.compute(precision)
+        ax.plot(x, np.minimum(x * roofs.bandwidth_tbs, roof), color="black", lw=1.8 if i == len(precisions) - 1 else 1.0,
+                label=f"measured {precision} matmul {_rate(roof, 'FLOP/s')}"
+                      + ("" if i else f"; copy {_rate(roofs.bandwidth_tbs, 'B/s')}"))
+        ax.annotate(precision, (hi, roof), textcoords="offset points", xytext=(-28, 3), fontsize=8)
+        sheet = roofs.datasheet_tflops.get(precision)
+        if sheet and roofs.datasheet_tbs:
+            ax.plot(x, np.minimum(x * roofs.datasheet_tbs, sheet), color="gray", ls="--", lw=1.0,
+                    label=f"datasheet {precision} {_rate(sheet, 'FLOP/s')}; {_rate(roofs.datasheet_tbs, 'B/s')}")
+
+    first = next(iter(versions))
+    for (label, frame), (color, marker) in zip(placeable.items(), _STYLES):
+        total = versions[label]["time_ms"].sum()
+        hidden = versions[label]["time_ms"].sum() - frame["time_ms"].sum()
+        share = frame["time_ms"] / total if total else frame["time_ms"] * 0
+        ax.scatter(frame["intensity"], frame["tflops"], s=20 + 900 * share, color=color, marker=marker, alpha=0.6,
+                   edgecolor="black", linewidth=0.5,
+                   label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable)")
+        for _, row in frame.nlargest(top, "time_ms").iterrows():
+            name = row["operator"].replace("aten::", "")
+            ax.annotate(name if len(name) <= 30 else name[:27] + "...", (row["intensity"], row["tflops"]), fontsize=8,
+                        color=color, textcoords="offset points", xytext=(6, 4))
+    if arrows and len(placeable) > 1:
+        a, b = list(placeable.values())[:2]
+        b_by_op = b.set_index("operator")
+        for _, row in a.nlargest(top, "time_ms").iterrows():
+            if row["operator"] in b_by_op.index:
+                target = b_by_op.loc[row["operator"]]
+                if isinstance(target, pd.DataFrame):
+                    target = target.iloc[0]
+                ax.annotate("", xy=(target["intensity"], target["tflops"]), xytext=(row["intensity"], row["tflops"]),
+                            arrowprops={"arrowstyle": "->", "color": "gray", "lw": 0.8, "alpha": 0.7})
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ymax = max([roofs.compute(p) for p in precisions] + [v for v in roofs.datasheet_tflops.values() if v])
+    achieved = pd.concat([v["tflops"] for v in placeable.values()])
+    floor = float(achieved.min()) if len(achieved) else ymax * 1e-4
+    ax.set_ylim(bottom=min(floor, ymax * 1e-4) / 3, top=ymax * 3)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(title or f"Roofline: {roofs.device} ({first} and the others; point area = share of step time)")
+    ax.grid(which="both", alpha=0.25)
+    legend = ax.legend(loc="lower right", fontsize=8)
+    for handle in getattr(legend, "legend_handles", getattr(legend, "legendHandles", [])):
+        if hasattr(handle, "set_sizes"):
+            handle.set_sizes([40])
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=130)
+    return fig
+
+
+def _rate(tera: float, unit: str) -> str:
+    """A rate given in tera-units, with a prefix that suits it: 0.0021 TFLOP/s -> '2.1 GFLOP/s'."""
+    for factor, prefix in ((1.0, "T"), (1e-3, "G"), (1e-6, "M")):
+        if tera >= factor:
+            return f"{tera / factor:,.3g} {prefix}{unit}"
+    return f"{tera / 1e-9:,.3g} k{unit}"
