@@ -19,12 +19,15 @@ from tinyllama.config import ModelConfig
 # (Triton on a machine without it) does not stop the others from loading.
 _REGISTRY: dict[str, tuple[str, str]] = {
     "v1": ("tinyllama.models.v1_baseline", "TinyLlama"),
+    "v3": ("tinyllama.models.v3_triton", "TinyLlama"),
 }
 
 VERSIONS: tuple[str, ...] = tuple(_REGISTRY)
 
 DESCRIPTIONS: dict[str, str] = {
     "v1": "plain PyTorch baseline: separate projections, explicit mask and softmax",
+    "v3": "Triton kernels with backward: RMSNorm, flash attention (GQA by index), SwiGLU; stage=1/2 are "
+          "the debugging exercise's broken init and non-contiguous inputs",
 }
 
 
