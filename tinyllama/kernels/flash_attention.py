@@ -25,6 +25,7 @@ order, so that merging the heads afterwards is a free view.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,52 +38,73 @@ from tinyllama.kernels._triton import (
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-HEAD_DIMS = (16, 32, 64, 128, 256)
+HEAD_DIMS = (16, 32, 64, 128)
 
 
 # ------------------------------------------------------------------------------------------------
 # Autotuning candidates. BLOCK_M must be a multiple of BLOCK_N in the forward and the dQ kernel (and
 # the reverse in the dK/dV kernel), so that the diagonal band is a whole number of inner steps.
+# Each candidate was compiled for sm_90 without spilling registers at the head dimensions it is
+# allowed for; fp32 tiles hold twice the bytes, so fp32 inputs get their own, smaller candidates.
+# Few candidates on purpose: each is compiled (seconds) and timed on first use of a shape.
 # ------------------------------------------------------------------------------------------------
 
 
-def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps,
-                         num_stages=pipeline_stages(stages))
+@dataclass(frozen=True)
+class _Tile:
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+    max_head_dim: int = 128
+    fp32: bool = False  # a candidate for fp32 inputs (else for 16-bit inputs)
+
+    def config(self) -> triton.Config:
+        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}, num_warps=self.warps,
+                             num_stages=pipeline_stages(self.stages))
 
 
-def _fwd_configs() -> list[triton.Config]:
-    gpu = [_cfg(128, 128, 8, 3), _cfg(128, 64, 8, 3), _cfg(128, 64, 4, 3), _cfg(128, 32, 4, 4),
-           _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4)]
-    return configs(gpu, _cfg(32, 16, 4, 1))
+_TILES: dict[int, _Tile] = {}  # id(config) -> the tile it was made from, for pruning
 
 
-def _dkdv_configs() -> list[triton.Config]:
-    # BLOCK_N keys stay in registers while BLOCK_M queries stream past.
-    gpu = [_cfg(32, 128, 4, 4), _cfg(32, 128, 8, 3), _cfg(64, 128, 8, 3), _cfg(32, 64, 4, 3),
-           _cfg(64, 64, 4, 3)]
-    return configs(gpu, _cfg(16, 32, 4, 1))
+def _configs(tiles: list[_Tile], interpreter: _Tile) -> list[triton.Config]:
+    made = []
+    for tile in tiles:
+        config = tile.config()
+        _TILES[id(config)] = tile
+        made.append(config)
+    return configs(made, interpreter.config())
 
 
-def _dq_configs() -> list[triton.Config]:
-    gpu = [_cfg(128, 32, 4, 4), _cfg(128, 64, 8, 3), _cfg(128, 32, 8, 3), _cfg(64, 32, 4, 3),
-           _cfg(64, 64, 4, 3)]
-    return configs(gpu, _cfg(32, 16, 4, 1))
+_FWD = _configs([_Tile(128, 128, 8, 3, max_head_dim=64), _Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3),
+                 _Tile(64, 64, 4, 3), _Tile(64, 32, 4, 4),
+                 _Tile(32, 16, 4, 2, fp32=True), _Tile(32, 32, 8, 2, fp32=True)], _Tile(32, 16, 4, 1))
+_DKDV = _configs([_Tile(32, 128, 8, 3, max_head_dim=64), _Tile(64, 128, 8, 2, max_head_dim=64),
+                  _Tile(16, 128, 8, 3), _Tile(32, 64, 8, 3), _Tile(16, 64, 8, 3),
+                  _Tile(16, 16, 4, 2, fp32=True), _Tile(16, 32, 8, 2, fp32=True)], _Tile(16, 32, 4, 1))
+_DQ = _configs([_Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3), _Tile(64, 64, 8, 3), _Tile(64, 32, 4, 3),
+                _Tile(16, 16, 4, 2, fp32=True), _Tile(32, 16, 4, 2, fp32=True)], _Tile(32, 16, 4, 1))
 
 
 def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """fp32 tiles take twice the registers and shared memory: keep the small ones. Short sequences
-    do not need blocks longer than themselves."""
+    """The candidates made for this input width and head dimension, no longer than the sequence."""
+    fp32 = named_args["Q"].element_size() > 2
     seq = triton.next_power_of_2(named_args["N_CTX"])
-    wide = named_args["Q"].element_size() > 2 or kwargs["HEAD_DIM"] > 128
-    kept = [c for c in configs_
-            if not (wide and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)
-            and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= max(64, seq)]
-    return kept or [min(configs_, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    kept = []
+    for config in configs_:
+        tile = _TILES.get(id(config))
+        if tile is None:  # the interpreter's single candidate
+            return configs_
+        if tile.fp32 == fp32 and kwargs["HEAD_DIM"] <= tile.max_head_dim and max(tile.block_m, tile.block_n) <= max(64, seq):
+            kept.append(config)
+    return kept or [c for c in configs_ if _TILES[id(c)].fp32 == fp32][-1:]
 
 
 _KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "GROUPS"]
 _PRUNE = {"early_config_prune": _prune}
+# Sizes vary from call to call; compiling a variant for each (Triton specialises integers equal to
+# 1 or divisible by 16) would cost seconds each time for no gain.
+_DYNAMIC = ["H", "N_CTX", "GROUPS"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -118,8 +140,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, o
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_fwd_configs(), key=_KEY, prune_configs_by=_PRUNE)
-@triton.jit
+@triton.autotune(configs=_FWD, key=_KEY, prune_configs_by=_PRUNE)
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
@@ -169,7 +191,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
 # ------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DYNAMIC[:2])
 def _bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
                            H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta_i = sum_d O_id * dO_id, in fp32."""
@@ -214,8 +236,8 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, st
     return dk, dv
 
 
-@triton.autotune(configs=_dkdv_configs(), key=_KEY, prune_configs_by=_PRUNE)
-@triton.jit
+@triton.autotune(configs=_DKDV, key=_KEY, prune_configs_by=_PRUNE)
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
@@ -295,8 +317,8 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
     return dq
 
 
-@triton.autotune(configs=_dq_configs(), key=_KEY, prune_configs_by=_PRUNE)
-@triton.jit
+@triton.autotune(configs=_DQ, key=_KEY, prune_configs_by=_PRUNE)
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
@@ -418,7 +440,7 @@ def flash_attention_backward(
     if not dq.numel():
         return dq, dk, dv
     delta = torch.empty_like(lse)
-    pre_block = 16 if head_dim > 128 else 64
+    pre_block = 64
     _bwd_preprocess_kernel[(triton.cdiv(seq, pre_block), batch * heads)](
         out, dout, delta, *_bhsd(out), *_bhsd(dout), heads, seq, HEAD_DIM=head_dim, BLOCK_M=pre_block)
     meta = _meta(q, causal)

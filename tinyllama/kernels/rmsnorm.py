@@ -27,7 +27,9 @@ MAX_HIDDEN = 65536
 
 
 def _row_configs() -> list[triton.Config]:
-    gpu = [triton.Config({"BLOCK_M": m}, num_warps=w) for m in (1, 2, 4, 8) for w in (2, 4, 8, 16)]
+    # Rows per program x warps. Few candidates: each one is compiled and timed on first use.
+    gpu = [triton.Config({"BLOCK_M": m}, num_warps=w)
+           for m, w in ((1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8))]
     return configs(gpu, triton.Config({"BLOCK_M": 4}, num_warps=4))
 
 
@@ -40,7 +42,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
 
 
 @triton.autotune(configs=_row_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N"])  # one compiled kernel for every row count and width
 def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -57,7 +59,7 @@ def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
 
 
 @triton.autotune(configs=_row_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N", "num_programs"])
 def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx, M, N, num_programs,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     pid = tl.program_id(0)

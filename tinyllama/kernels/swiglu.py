@@ -20,8 +20,7 @@ from tinyllama.kernels._triton import MAX_GRID_Y, check_tensors, configs, rows_v
 
 def _tile_configs() -> list[triton.Config]:
     gpu = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w)
-           for m, n, w in ((1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 1024, 8), (4, 512, 4),
-                           (4, 1024, 8), (8, 256, 4), (16, 128, 4))]
+           for m, n, w in ((1, 1024, 4), (1, 2048, 8), (2, 1024, 8), (4, 512, 4), (8, 256, 4))]
     return configs(gpu, triton.Config({"BLOCK_M": 4, "BLOCK_N": 64}, num_warps=4))
 
 
@@ -35,7 +34,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
 
 
 @triton.autotune(configs=_tile_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N"])  # one compiled kernel for every shape
 def _swiglu_fwd_kernel(G, U, OUT, stride_g, stride_u, stride_o, M, N,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]
@@ -48,7 +47,7 @@ def _swiglu_fwd_kernel(G, U, OUT, stride_g, stride_u, stride_o, M, N,
 
 
 @triton.autotune(configs=_tile_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N"])
 def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, stride_do, stride_g, stride_u, stride_dg, stride_du, M, N,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]
