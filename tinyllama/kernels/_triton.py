@@ -6,6 +6,7 @@ Vendor differences stay in ``tinyllama.device``; here we only ask it which back 
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,19 @@ def configs(gpu: list[triton.Config], interpreter: triton.Config) -> list[triton
     interpreting (the interpreter is far too slow to benchmark configurations, and one small block
     size keeps the CPU tests fast while still crossing block boundaries)."""
     return [interpreter] if INTERPRET else gpu
+
+
+def autotune(candidates: list[triton.Config], key: list[str], prune: Callable[..., list[triton.Config]] | None = None):
+    """``triton.autotune`` that times each candidate for about 30 ms instead of Triton's default of
+    about 125 ms (where the installed Triton lets us choose), so that first calls stay short."""
+    options: dict[str, object] = {}
+    if prune is not None:
+        options["prune_configs_by"] = {"early_config_prune": prune}
+    if "do_bench" in inspect.signature(triton.autotune).parameters:
+        from triton.testing import do_bench
+
+        options["do_bench"] = lambda fn, quantiles: do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+    return triton.autotune(configs=candidates, key=key, **options)
 
 
 def pipeline_stages(cuda: int) -> int:

@@ -10,9 +10,10 @@ For every kernel, data type and sequence length (shapes from a model preset, ``m
 2. each implementation (Triton, V1's eager PyTorch, and for attention PyTorch's SDPA with its flash
    backend) runs once untimed (compilation, autotuning; reported as ``warmup_ms``), then is timed by
    ``tinyllama.timing.time_callable`` with device events: forward, backward, forward + backward;
-3. one timed call repeats the operation enough times to last about a millisecond, so that the
-   launch of the first one does not count, cycling through copies of the inputs that together
-   exceed the last-level cache, so that no copy is read from cache it does not fit;
+3. one timed sample repeats the operation enough times to last about a millisecond, cycling through
+   copies of the inputs that together exceed the last-level cache (so that no input is served from
+   a cache it would not fit in); on a GPU the repeats are captured in a CUDA/HIP graph and replayed,
+   so the time is the kernels' and not Python's launch overhead (``launch`` says which was used);
 4. the result is the achieved bandwidth (RMSNorm, SwiGLU: bytes that must move) or FLOP/s
    (attention), and its share of the device's measured ceiling (``tinyllama.ceilings``).
 """
@@ -182,10 +183,31 @@ def _passes(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[tor
     return [lambda s=s, g=g: torch.autograd.grad(fn(*s, **kwargs), s, g) for s, g in zip(sets, grads)]
 
 
+def _graphed(run: Callable[[], None], device: torch.device) -> Callable[[], None] | None:
+    """``run`` captured in a CUDA (or HIP) graph, or None where capture fails: a replay launches all
+    its kernels at once, so the time is the GPU's, not Python's launch overhead."""
+    if device.type != "cuda":
+        return None
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # a warm-up on a side stream, as capture requires
+            run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph.replay
+    except Exception:  # noqa: BLE001 - an operation that cannot be captured: time plain launches
+        dev.synchronize(device)
+        return None
+
+
 def time_pass(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[torch.Tensor],
               kwargs: dict[str, Any], pass_: str, device: torch.device, repeat: int,
-              target_ms: float = 1.0) -> tuple[Stats, float, int]:
-    """``(stats per call in ms, warm-up ms, calls per timed sample)`` for one pass of ``fn``."""
+              target_ms: float = 1.0) -> tuple[Stats, float, int, str]:
+    """``(stats per call in ms, warm-up ms, calls per timed sample, how they were launched)`` for one
+    pass of ``fn``."""
     calls = _passes(fn, sets, grads, kwargs, pass_)
     dev.synchronize(device)
     began = time.perf_counter()
@@ -201,8 +223,9 @@ def time_pass(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[t
         for i in range(inner):
             calls[i % len(calls)]()
 
-    stats = time_callable(many, device, warmup=1, repeat=repeat)
-    return _scaled(stats, 1.0 / inner), warmup_ms, inner
+    replay = _graphed(many, device)
+    stats = time_callable(replay or many, device, warmup=1, repeat=repeat)
+    return _scaled(stats, 1.0 / inner), warmup_ms, inner, "graph" if replay else "launches"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,7 +317,7 @@ def _bench_case(case: KernelCase, base: dict[str, Any], device: torch.device, re
         for pass_ in passes:
             row = {**base, "impl": impl, "pass": pass_, "check_error": error if impl == "triton" else None}
             try:
-                stats, warmup_ms, inner = time_pass(fn, sets, grads, case.kwargs, pass_, device, repeat)
+                stats, warmup_ms, inner, launch = time_pass(fn, sets, grads, case.kwargs, pass_, device, repeat)
             except Exception as failure:  # noqa: BLE001 - e.g. SDPA's flash backend unavailable here
                 if dev.is_out_of_memory(failure):
                     dev.free_memory(device)
@@ -304,7 +327,7 @@ def _bench_case(case: KernelCase, base: dict[str, Any], device: torch.device, re
             scale = 1e12
             achieved = case.work(pass_) / (stats.median * 1e-3) / scale
             rows.append({**row, "status": "ok", "time_ms": stats.median, "p10_ms": stats.p10, "p90_ms": stats.p90,
-                         "spread_pct": stats.spread_pct, "calls_per_sample": inner, "warmup_ms": warmup_ms,
+                         "spread_pct": stats.spread_pct, "calls_per_sample": inner, "launch": launch, "warmup_ms": warmup_ms,
                          "work": case.work(pass_), "unit": case.unit, "achieved": achieved, "ceiling": ceiling,
                          "ceiling_share": achieved / ceiling if ceiling else None})
     return rows

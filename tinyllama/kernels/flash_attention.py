@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from tinyllama.kernels._triton import (
-    MAX_GRID_Y, check_tensors, configs, dot_precision, mma, pipeline_stages, unit_last_stride, upcast_dots,
+    MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, mma, pipeline_stages, unit_last_stride, upcast_dots,
 )
 
 LOG2E = 1.4426950408889634
@@ -101,7 +101,6 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
 
 
 _KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "GROUPS"]
-_PRUNE = {"early_config_prune": _prune}
 # Sizes vary from call to call; compiling a variant for each (Triton specialises integers equal to
 # 1 or divisible by 16) would cost seconds each time for no gain.
 _DYNAMIC = ["H", "N_CTX", "GROUPS"]
@@ -140,7 +139,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, o
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_FWD, key=_KEY, prune_configs_by=_PRUNE)
+@autotune(_FWD, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -236,7 +235,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, st
     return dk, dv
 
 
-@triton.autotune(configs=_DKDV, key=_KEY, prune_configs_by=_PRUNE)
+@autotune(_DKDV, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -317,7 +316,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
     return dq
 
 
-@triton.autotune(configs=_DQ, key=_KEY, prune_configs_by=_PRUNE)
+@autotune(_DQ, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,

@@ -17,9 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyllama.kernels._triton import (
-    check_tensors, configs, multiprocessor_count, rows_view,
-)
+from tinyllama.kernels._triton import autotune, check_tensors, configs, multiprocessor_count, rows_view
 
 # A row is held in registers; beyond this many elements it would spill (and a 64K-wide hidden
 # size is far beyond any model in the course).
@@ -41,7 +39,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[:1]
 
 
-@triton.autotune(configs=_row_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
+@autotune(_row_configs(), ["N"], _prune)
 @triton.jit(do_not_specialize=["M", "N"])  # one compiled kernel for every row count and width
 def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -58,7 +56,7 @@ def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
 
-@triton.autotune(configs=_row_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
+@autotune(_row_configs(), ["N"], _prune)
 @triton.jit(do_not_specialize=["M", "N", "num_programs"])
 def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx, M, N, num_programs,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):

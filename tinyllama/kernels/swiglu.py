@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tinyllama.kernels._triton import MAX_GRID_Y, check_tensors, configs, rows_view
+from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, rows_view
 
 
 def _tile_configs() -> list[triton.Config]:
@@ -33,7 +33,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[-1:]
 
 
-@triton.autotune(configs=_tile_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
+@autotune(_tile_configs(), ["N"], _prune)
 @triton.jit(do_not_specialize=["M", "N"])  # one compiled kernel for every shape
 def _swiglu_fwd_kernel(G, U, OUT, stride_g, stride_u, stride_o, M, N,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -46,7 +46,7 @@ def _swiglu_fwd_kernel(G, U, OUT, stride_g, stride_u, stride_o, M, N,
     tl.store(OUT + rows * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=_tile_configs(), key=["N"], prune_configs_by={"early_config_prune": _prune})
+@autotune(_tile_configs(), ["N"], _prune)
 @triton.jit(do_not_specialize=["M", "N"])
 def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, stride_do, stride_g, stride_u, stride_dg, stride_du, M, N,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
