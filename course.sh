@@ -50,8 +50,17 @@ case "${1:-start}" in
     start)
         setup
         shift || true
-        echo "Your results go to ${WORKSHOP_RESULTS_DIR:-$HOME/tinyllama-workshop-results}"
-        exec "$VENV/bin/jupyter" lab --notebook-dir "$ROOT" --ServerApp.default_url=/lab/tree/notebooks "$@" ;;
+        # Each participant works on a copy of the notebooks in a folder of their own: on a hub many
+        # users share one checkout, and autosave must never write into it. Existing copies are kept.
+        WORKSPACE=${WORKSHOP_WORKSPACE:-$HOME/tinyllama-workshop}
+        mkdir -p "$WORKSPACE/notebooks"
+        cp -n notebooks/*.ipynb "$WORKSPACE/notebooks/" 2>/dev/null || true
+        echo "Your notebooks: $WORKSPACE/notebooks (your own copies; updates from the course never overwrite them)"
+        echo "Your results:   ${WORKSHOP_RESULTS_DIR:-$HOME/tinyllama-workshop-results}"
+        ROOT_FLAG=()
+        [ "$(id -u)" = 0 ] && ROOT_FLAG=(--allow-root)
+        exec "$VENV/bin/jupyter" lab --notebook-dir "$WORKSPACE" --ServerApp.default_url=/lab/tree/notebooks \
+            "${ROOT_FLAG[@]}" "$@" ;;
     kernel)
         setup
         "$VENV/bin/python" -m ipykernel install --user --name "$KERNEL_NAME" --display-name "TinyLLaMA workshop"
@@ -59,11 +68,11 @@ case "${1:-start}" in
     test)
         setup
         shift || true
-        export WORKSHOP_PROFILE=ci
+        export WORKSHOP_PROFILE=ci WORKSHOP_STRICT=1
         export WORKSHOP_RESULTS_DIR=${WORKSHOP_RESULTS_DIR:-$(mktemp -d)}
         "$VENV/bin/python" -m pytest tests -q "$@"
-        "$VENV/bin/python" -m pytest -q --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
-            --nbval-current-env solutions ;;
+        "$VENV/bin/python" -m pytest -q --nbval-lax --nbval-current-env \
+            --nbval-sanitize-with tests/nbval_sanitize.cfg solutions ;;
     instructor)
         setup
         shift || true

@@ -1,0 +1,82 @@
+"""The instructor runner executes solution notebooks in fresh kernels, keeps executed copies,
+summarises the figures recorded in the run, and fails when a notebook fails."""
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from tinyllama.course import profile
+from tinyllama.course import run_solutions as rs
+
+KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+
+RECORDING_CELL = '''\
+import os
+from tinyllama.course import results, checkpoints
+results.record("00_ok", {"answer": 42, "profile_seen": os.environ["WORKSHOP_PROFILE"],
+                         "strict": checkpoints.strict()})
+print("recorded")'''
+
+
+@pytest.fixture
+def solutions(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.delenv("WORKSHOP_PROFILE", raising=False)
+    directory = tmp_path / "solutions"
+    directory.mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell(RECORDING_CELL)], metadata=KERNELSPEC), directory / "00_ok.ipynb")
+    failing = [new_code_cell("x = 1"), new_code_cell("raise ValueError('the answer is not 41')"), new_code_cell("y = 2")]
+    nbformat.write(new_notebook(cells=failing, metadata=KERNELSPEC), directory / "01_fails.ipynb")
+    return directory
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_runner_executes_summarises_and_fails_on_a_failing_notebook(solutions, tmp_path, capsys):
+    output = tmp_path / "run"
+    code = rs.main(["--solutions", str(solutions), "--output", str(output), "--profile", "ci", "--timeout", "120"])
+    assert code == 1
+    ok = nbformat.read(output / "00_ok.ipynb", as_version=4)
+    assert ok.cells[0].outputs[-1].text.endswith("\nrecorded\n") and ok.cells[0].execution_count == 1
+    failed = nbformat.read(output / "01_fails.ipynb", as_version=4)
+    assert failed.cells[1].outputs[0].output_type == "error" and failed.cells[2].execution_count is None
+
+    summary = pd.read_csv(output / "summary.csv")
+    figures = dict(zip(summary.figure, summary.value))
+    # The kernel ran at the requested profile with strict checkpoints.
+    assert figures == {"answer": "42", "profile_seen": "ci", "strict": "True"}
+    markdown = (output / "summary.md").read_text()
+    assert "| 00_ok | ok |" in markdown and "| 01_fails | FAILED: ValueError: the answer is not 41 |" in markdown
+    assert "| 00_ok | answer | 42 |" in markdown
+    assert "1 notebook(s) failed: 01_fails" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_selected_notebook_runs_cleanly_and_can_store_its_outputs(solutions, tmp_path):
+    output = tmp_path / "run"
+    code = rs.main(["--solutions", str(solutions), "--output", str(output), "--profile", "ci",
+                    "--notebooks", "00", "--update-solutions"])
+    assert code == 0
+    assert sorted(p.name for p in output.glob("*.ipynb")) == ["00_ok.ipynb"]
+    stored = nbformat.read(solutions / "00_ok.ipynb", as_version=4)
+    assert stored.cells[0].outputs[-1].text.endswith("\nrecorded\n")
+    assert "execution" not in stored.cells[0].metadata  # no timing noise in stored solutions
+    # Only this run's figures are summarised, although the results file may hold older records.
+    assert len(pd.read_csv(output / "summary.csv")) == 3
+
+
+def test_bad_requests_are_short_errors(solutions, capsys, monkeypatch):
+    assert rs.main(["--solutions", str(solutions), "--notebooks", "07"]) == 2
+    assert "no solution notebook matches '07': choose from 00_ok, 01_fails" in capsys.readouterr().err
+    monkeypatch.setattr(profile.dev, "backend", lambda: "cpu")
+    assert rs.main(["--solutions", str(solutions), "--profile", "gpu"]) == 2
+    assert "PyTorch sees no GPU" in capsys.readouterr().err
+    assert rs.main(["--solutions", str(solutions.parent / "nowhere")]) == 2
+
+
+def test_notebooks_are_selected_by_prefix_in_course_order(solutions):
+    names = lambda selectors: [p.name for p in rs.find_notebooks(solutions, selectors)]
+    assert names(None) == ["00_ok.ipynb", "01_fails.ipynb"]
+    assert names(["01", "00_ok.ipynb", "01_fails"]) == ["01_fails.ipynb", "00_ok.ipynb"]

@@ -1,0 +1,138 @@
+"""Size profiles: every size a notebook uses, in one place.
+
+The same notebook runs at full size on a GPU for the course (``gpu``) and at a tiny size on a
+2-core CPU in CI (``ci``). The profile comes from the ``WORKSHOP_PROFILE`` environment variable;
+without it, ``gpu`` is chosen when PyTorch sees a GPU and ``ci`` otherwise, and the notebook says so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from tinyllama import device as dev
+
+ENV_VARIABLE = "WORKSHOP_PROFILE"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The sizes of one profile. Notebooks read their sizes from here and nowhere else."""
+
+    name: str
+    description: str
+    # Timing: untimed warm-up calls and timed repetitions per measurement.
+    warmup: int
+    repeat: int
+    # Ceilings (notebook 00, roofline): matrix size n of the n x n x n matmul, the sizes of the
+    # matmul-size sweep, the precisions measured, and the bytes of the device-to-device copy.
+    matmul_size: int
+    matmul_sweep: tuple[int, ...]
+    matmul_precisions: tuple[str, ...]
+    copy_bytes: int
+    # Device memory the full course needs, in GiB (below it notebook 00 warns).
+    min_device_memory_gib: float
+    # Inference benchmark (notebooks 01-07): torchvision network, batch size(s), image size, steps.
+    inference_network: str
+    inference_batch_size: int
+    inference_batch_sizes: tuple[int, ...]
+    image_size: int
+    inference_steps: int
+    # TinyLLaMA (V1-V4, kernels, roofline): preset of tinyllama.config, sweeps, training steps.
+    tinyllama_preset: str
+    tinyllama_batch_sizes: tuple[int, ...]
+    tinyllama_seq_lens: tuple[int, ...]
+    train_steps: int
+
+    def as_dict(self) -> dict[str, object]:
+        """All sizes by name (for a table in the notebook, or to stamp on a result)."""
+        return asdict(self)
+
+
+PROFILES: dict[str, Profile] = {
+    "gpu": Profile(
+        name="gpu",
+        description="full course sizes, for one GPU of a JupyterHub node",
+        warmup=5,
+        repeat=20,
+        matmul_size=8192,
+        matmul_sweep=(256, 512, 1024, 2048, 4096, 8192),
+        matmul_precisions=("fp32", "tf32", "bf16", "fp16"),
+        copy_bytes=2**30,
+        min_device_memory_gib=16.0,
+        inference_network="resnet50",
+        inference_batch_size=64,
+        inference_batch_sizes=(1, 8, 32, 64, 128, 256),
+        image_size=224,
+        inference_steps=50,
+        tinyllama_preset="medium",
+        tinyllama_batch_sizes=(4, 8, 16, 32),
+        tinyllama_seq_lens=(128, 256, 512, 1024),
+        train_steps=20,
+    ),
+    "ci": Profile(
+        name="ci",
+        description="tiny sizes for a CPU: about a minute per notebook in CI or on a laptop",
+        warmup=1,
+        repeat=3,
+        matmul_size=256,
+        matmul_sweep=(32, 64, 128, 256),
+        matmul_precisions=("fp32", "bf16"),
+        copy_bytes=2**24,
+        min_device_memory_gib=0.0,
+        inference_network="resnet18",
+        inference_batch_size=2,
+        inference_batch_sizes=(1, 2, 4),
+        image_size=64,
+        inference_steps=3,
+        tinyllama_preset="ci",
+        tinyllama_batch_sizes=(1, 2),
+        tinyllama_seq_lens=(16, 32),
+        train_steps=2,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen profile and why it was chosen (shown to the participant)."""
+
+    profile: Profile
+    reason: str
+
+    def message(self) -> str:
+        return f"Profile: {self.profile.name} ({self.profile.description}). {self.reason}"
+
+
+def select_profile(requested: str | None = None) -> Selection:
+    """Choose the profile: ``requested``, else ``$WORKSHOP_PROFILE``, else ``gpu`` when a GPU is
+    present and ``ci`` otherwise.
+
+    Raises ``ValueError`` for an unknown name and ``RuntimeError`` when ``gpu`` is asked for on a
+    machine without a GPU (its sizes would take hours on a CPU).
+    """
+    source = "asked for"
+    if requested is None:
+        requested = os.environ.get(ENV_VARIABLE, "").strip() or None
+        source = f"set by {ENV_VARIABLE}"
+    has_gpu = dev.backend() != "cpu"
+    if requested is None:
+        if has_gpu:
+            return Selection(PROFILES["gpu"], f"Chosen automatically: PyTorch sees a GPU "
+                                              f"(set {ENV_VARIABLE}=ci for tiny sizes).")
+        return Selection(PROFILES["ci"], "Chosen automatically: PyTorch sees no GPU, so every size is "
+                                         f"tiny and the numbers say little about a GPU (set "
+                                         f"{ENV_VARIABLE}=gpu on a GPU node).")
+    name = requested.lower()
+    if name not in PROFILES:
+        raise ValueError(f"unknown workshop profile {requested!r}: set {ENV_VARIABLE} to one of "
+                         f"{', '.join(PROFILES)} (or leave it unset to choose automatically)")
+    if name == "gpu" and not has_gpu:
+        raise RuntimeError(f"profile 'gpu' was {source} but PyTorch sees no GPU: run on a GPU node, or use "
+                           f"the ci profile ({ENV_VARIABLE}=ci, or leave it unset) for the tiny CPU sizes")
+    return Selection(PROFILES[name], f"Profile {source}.")
+
+
+def get_profile(requested: str | None = None) -> Profile:
+    """The active profile (see :func:`select_profile`)."""
+    return select_profile(requested).profile

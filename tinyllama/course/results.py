@@ -1,0 +1,175 @@
+"""The results tracker: every notebook records what it measured, and nothing recorded is lost.
+
+Each call to :func:`record` appends one JSON line to ``results.jsonl`` in the participant's own
+results directory: ``$WORKSHOP_RESULTS_DIR`` if set, else ``~/tinyllama-workshop-results``. Many
+users share one checkout on a hub, so a directory inside the checkout is refused. Records are only
+ever appended; :func:`load_results` reads them all into a DataFrame for the final dashboard.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import json
+import math
+import numbers
+import os
+import platform
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from tinyllama import device as dev
+
+ENV_VARIABLE = "WORKSHOP_RESULTS_DIR"
+RUN_ID_VARIABLE = "WORKSHOP_RUN_ID"  # set by the instructor runner, to find the records of one run
+DEFAULT_DIRNAME = "tinyllama-workshop-results"
+RESULTS_FILE = "results.jsonl"
+
+Figure = float | int | str | bool | None
+
+
+def checkout_root() -> Path | None:
+    """The course checkout this package was imported from, or ``None`` when it is installed
+    somewhere else (for example in site-packages)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").exists() or (root / ".git").exists() else None
+
+
+def results_dir(directory: str | os.PathLike[str] | None = None, create: bool = True) -> Path:
+    """Where this user's results go: ``directory``, else ``$WORKSHOP_RESULTS_DIR``, else
+    ``~/tinyllama-workshop-results``.
+
+    Raises ``ValueError`` when the directory lies inside the course checkout: the checkout is shared
+    by everyone on a hub, and results written there would be mixed up or lost with the next update.
+    """
+    chosen = directory or os.environ.get(ENV_VARIABLE, "").strip() or Path.home() / DEFAULT_DIRNAME
+    path = Path(chosen).expanduser().resolve()
+    root = checkout_root()
+    if root is not None and path.is_relative_to(root):
+        raise ValueError(
+            f"results directory {path} is inside the course checkout {root}, which other users share: "
+            f"set {ENV_VARIABLE} to a directory of your own (for example ~/{DEFAULT_DIRNAME})"
+        )
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _clean_figure(name: str, value: Any) -> Figure:
+    """A JSON-safe figure: Python numbers (numpy and 0-d torch values converted), strings, bools."""
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        value = value.item()  # numpy scalar or 0-d tensor
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"figure {name!r} is {value}: record only finite numbers (was the "
+                             "measurement run? a division by a zero time?)")
+        return value
+    raise TypeError(f"figure {name!r} has type {type(value).__name__}: record numbers, strings or "
+                    "booleans (one figure per name; call .item() on a tensor)")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        return str(os.getuid())
+
+
+def record(
+    notebook: str,
+    figures: Mapping[str, Any],
+    *,
+    profile: str | None = None,
+    device: str | None = None,
+    notes: str | None = None,
+    directory: str | os.PathLike[str] | None = None,
+    quiet: bool = False,
+) -> Path:
+    """Append one record of ``figures`` measured in ``notebook`` to the results file.
+
+    The record is stamped with the date, the user, the profile, and
+    :func:`tinyllama.device.environment_summary` (back end, device, versions). Returns the file.
+    """
+    if not notebook:
+        raise ValueError("name the notebook the figures come from, e.g. record('01_inference_baseline', {...})")
+    if not figures:
+        raise ValueError("no figures to record: pass a dict such as {'throughput_img_s': 1234.5}")
+    cleaned = {str(name): _clean_figure(str(name), value) for name, value in figures.items()}
+    entry = {
+        "time": _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "notebook": notebook,
+        "profile": profile,
+        "user": _user(),
+        "host": platform.node(),
+        "run_id": os.environ.get(RUN_ID_VARIABLE) or None,
+        "notes": notes,
+        "environment": dev.environment_summary(device),
+        "figures": cleaned,
+    }
+    path = results_dir(directory) / RESULTS_FILE
+    line = json.dumps(entry, sort_keys=False) + "\n"
+    # One write on a file opened for appending: earlier records are never touched, and two kernels
+    # of the same user appending at once do not interleave within a line.
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+    if not quiet:
+        print(f"Recorded {len(cleaned)} figure(s) from {notebook} in {path}")
+    return path
+
+
+def read_records(directory: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """Every record in the results file, oldest first. A damaged line is skipped with a warning
+    (and left in the file), so one bad line never hides the others."""
+    path = results_dir(directory, create=False) / RESULTS_FILE
+    if not path.exists():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if not isinstance(entry, dict) or not isinstance(entry.get("figures"), dict):
+                    raise ValueError("not a record")
+            except ValueError:
+                warnings.warn(f"{path}:{number} is not a valid record and was skipped (it stays in the file)",
+                              stacklevel=2)
+                continue
+            records.append(entry)
+    return records
+
+
+COLUMNS = ["time", "notebook", "figure", "value", "profile", "backend", "device", "torch", "triton",
+           "user", "host", "run_id", "notes"]
+
+
+def load_results(directory: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """All recorded figures as a long table: one row per figure, with the record's time, notebook,
+    profile, back end, device and versions. Empty (with the same columns) when nothing is recorded.
+
+    ``df.pivot_table(index="notebook", columns="figure", values="value", aggfunc="last")`` gives the
+    latest value of each figure per notebook.
+    """
+    rows = []
+    for entry in read_records(directory):
+        environment = entry.get("environment") or {}
+        for figure, value in entry["figures"].items():
+            rows.append({
+                "time": entry.get("time"), "notebook": entry.get("notebook"), "figure": figure,
+                "value": value, "profile": entry.get("profile"), "backend": environment.get("backend"),
+                "device": environment.get("device"), "torch": environment.get("torch"),
+                "triton": environment.get("triton"), "user": entry.get("user"), "host": entry.get("host"),
+                "run_id": entry.get("run_id"), "notes": entry.get("notes"),
+            })
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["time"] = pd.to_datetime(table["time"], utc=True)
+    return table

@@ -1,0 +1,206 @@
+"""The instructor's command: run every solution notebook headless and summarise what they measured.
+
+    python -m tinyllama.course.run_solutions [--profile gpu|ci] [--notebooks 00 03 ...] [--output DIR]
+
+Each notebook runs top to bottom in a fresh kernel (nbclient) with failed checkpoints raising
+(``WORKSHOP_STRICT=1``). The executed copies go to ``DIR`` (default: a new folder under the results
+directory), together with ``summary.md`` and ``summary.csv``: every figure the notebooks recorded in
+this run. The exit status is 1 when a notebook failed. ``--update-solutions`` stores the fresh
+outputs in ``solutions/`` (how the reference outputs of a GPU run are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import os
+import re
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import nbformat
+import pandas as pd
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from tqdm.auto import tqdm
+
+from tinyllama.course import checkpoints, results
+from tinyllama.course.profile import ENV_VARIABLE as PROFILE_VARIABLE
+from tinyllama.course.profile import select_profile
+
+
+@dataclass
+class Outcome:
+    """How one notebook's run went."""
+
+    notebook: str
+    ok: bool
+    seconds: float
+    error: str = ""
+    executed: Path | None = None
+
+
+def find_notebooks(solutions: Path, selectors: list[str] | None) -> list[Path]:
+    """Solution notebooks in course order; ``selectors`` pick by name or prefix (``00``, ``03_pytorch``)."""
+    available = sorted(solutions.glob("*.ipynb"))
+    if not available:
+        raise FileNotFoundError(f"no solution notebooks in {solutions}")
+    if not selectors:
+        return available
+    chosen: list[Path] = []
+    for selector in selectors:
+        stem = Path(selector).name.removesuffix(".ipynb")
+        matches = [path for path in available if path.stem == stem or path.stem.startswith(stem)]
+        if not matches:
+            raise ValueError(f"no solution notebook matches {selector!r}: choose from "
+                             f"{', '.join(path.stem for path in available)}")
+        chosen.extend(path for path in matches if path not in chosen)
+    return chosen
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the kernels started inside, and restore them afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_ANSI_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(error: BaseException) -> str:
+    text = _ANSI_COLOURS.sub("", str(error)).strip()
+    # nbclient's message holds the cell source and the traceback; its last lines name the error.
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else type(error).__name__
+
+
+def run_notebook(path: Path, output: Path, timeout: int, kernel_name: str | None) -> Outcome:
+    """Execute ``path`` in a fresh kernel, with cells run from its own folder; write the executed copy
+    (also when it fails, so the error can be read there)."""
+    nb = nbformat.read(path, as_version=4)
+    code_cells = sum(1 for cell in nb.cells if cell.cell_type == "code")
+    progress = tqdm(total=code_cells, desc=path.stem, unit="cell", leave=True)
+    options: dict[str, object] = {"timeout": timeout, "record_timing": False,
+                                  "resources": {"metadata": {"path": str(path.parent)}}}
+    if kernel_name:
+        options["kernel_name"] = kernel_name
+    client = NotebookClient(nb, on_cell_executed=lambda **_: progress.update(1), **options)
+    began = time.perf_counter()
+    error = ""
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+        error = _first_line(exc)
+    except Exception as exc:  # the kernel did not start (unknown kernel name, missing ipykernel, ...)
+        error = f"{type(exc).__name__}: {_first_line(exc)}"
+    finally:
+        progress.close()
+    executed = output / path.name
+    nbformat.write(nb, executed)
+    return Outcome(path.stem, not error, time.perf_counter() - began, error, executed)
+
+
+def summarize(outcomes: list[Outcome], figures: pd.DataFrame, profile: str, output: Path) -> str:
+    """Write ``summary.csv`` (every figure of the run) and ``summary.md`` (notebooks and figures);
+    return the markdown."""
+    figures.to_csv(output / "summary.csv", index=False)
+    lines = [f"# Solution run, profile {profile}, {_dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", ""]
+    if not figures.empty:
+        first = figures.iloc[0]
+        lines += [f"Device: {first['device']} ({first['backend']}), torch {first['torch']}, "
+                  f"triton {first['triton']}", ""]
+    lines += ["| notebook | result | time (s) |", "| --- | --- | ---: |"]
+    for outcome in outcomes:
+        result = "ok" if outcome.ok else f"FAILED: {outcome.error.replace('|', '/')}"
+        lines.append(f"| {outcome.notebook} | {result} | {outcome.seconds:.1f} |")
+    lines += ["", "## Recorded figures", ""]
+    if figures.empty:
+        lines.append("No figures were recorded.")
+    else:
+        lines += ["| notebook | figure | value |", "| --- | --- | ---: |"]
+        for row in figures.itertuples():
+            value = f"{row.value:.4g}" if isinstance(row.value, float) else str(row.value)
+            lines.append(f"| {row.notebook} | {row.figure} | {value} |")
+    text = "\n".join(lines) + "\n"
+    (output / "summary.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = results.checkout_root() or Path.cwd()
+    parser = argparse.ArgumentParser(prog="python -m tinyllama.course.run_solutions",
+                                     description="Run the solution notebooks headless and summarise their figures.")
+    parser.add_argument("--profile", choices=["gpu", "ci"], default=None,
+                        help=f"size profile (default: ${PROFILE_VARIABLE}, else gpu with a GPU and ci without)")
+    parser.add_argument("--notebooks", nargs="+", metavar="NAME", help="notebooks by name or prefix (default: all)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="folder for the executed copies and the summary (default: a new folder under "
+                             "the results directory)")
+    parser.add_argument("--solutions", type=Path, default=root / "solutions", help="default: %(default)s")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds one cell may take (default: %(default)s)")
+    parser.add_argument("--kernel-name", default=None, help="Jupyter kernel (default: the notebook's own)")
+    parser.add_argument("--update-solutions", action="store_true",
+                        help="store the outputs of notebooks that ran cleanly back into the solutions")
+    args = parser.parse_args(argv)
+    try:
+        selection = select_profile(args.profile)
+        notebooks = find_notebooks(args.solutions, args.notebooks)
+        results_directory = results.results_dir()
+    except (ValueError, RuntimeError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    profile = selection.profile.name
+    run_id = f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    output = (args.output or results_directory / "instructor-runs" / f"{run_id}-{profile}").resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    print(selection.message())
+    print(f"Running {len(notebooks)} notebook(s); executed copies and summary go to {output}")
+
+    kernel_environment = {
+        PROFILE_VARIABLE: profile,
+        checkpoints.STRICT_VARIABLE: "1",
+        results.RUN_ID_VARIABLE: run_id,
+        results.ENV_VARIABLE: str(results_directory),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    outcomes = []
+    with _environment(kernel_environment):
+        for path in notebooks:
+            outcome = run_notebook(path, output, args.timeout, args.kernel_name)
+            outcomes.append(outcome)
+            print(f"{'ok    ' if outcome.ok else 'FAILED'} {outcome.notebook} ({outcome.seconds:.0f} s)"
+                  + (f": {outcome.error}" if outcome.error else ""), flush=True)
+            if outcome.ok and args.update_solutions and outcome.executed is not None:
+                shutil.copyfile(outcome.executed, path)
+                print(f"       stored the outputs in {path}")
+
+    figures = results.load_results(results_directory)
+    figures = figures[figures["run_id"] == run_id].reset_index(drop=True)
+    print()
+    print(summarize(outcomes, figures, profile, output))
+    failed = [outcome.notebook for outcome in outcomes if not outcome.ok]
+    if failed:
+        print(f"{len(failed)} notebook(s) failed: {', '.join(failed)} (see the executed copies in {output})",
+              file=sys.stderr)
+        return 1
+    print(f"All {len(outcomes)} notebook(s) ran cleanly.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
