@@ -130,11 +130,16 @@ def multiprocessor_count(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Largest allowed ``max|actual - expected| / max|expected|`` (error relative to the tensor's scale)."""
+    """Largest allowed ``max|actual - expected| / max|expected|`` (error relative to the tensor's scale).
+
+    fp32 is tight (rounding only). The 16-bit bounds leave room for rounding the inputs, the output
+    and, in attention, the probabilities before the second matmul (as every flash kernel does): at
+    sequence length 1000 the attention gradients are about 1.4% off in bf16 (PyTorch's own bf16
+    attention: 0.7%); a real bug (a wrong mask, a missing term) is off by tens of percent."""
 
     fp32: float = 1e-5
-    bf16: float = 2e-2
-    fp16: float = 3e-3
+    bf16: float = 3e-2
+    fp16: float = 5e-3
 
     def __call__(self, dtype: torch.dtype) -> float:
         return {torch.float32: self.fp32, torch.bfloat16: self.bf16, torch.float16: self.fp16}[dtype]
