@@ -36,16 +36,16 @@ from tinyllama.kernels._triton import (
     MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, mma, pipeline_stages, unit_last_stride, upcast_dots,
 )
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 HEAD_DIMS = (16, 32, 64, 128)
 
 
 # ------------------------------------------------------------------------------------------------
 # Autotuning candidates. BLOCK_M must be a multiple of BLOCK_N in the forward and the dQ kernel (and
 # the reverse in the dK/dV kernel), so that the diagonal band is a whole number of inner steps.
-# Each candidate was compiled for sm_90 without spilling registers at the head dimensions it is
-# allowed for; fp32 tiles hold twice the bytes, so fp32 inputs get their own, smaller candidates.
+# The 16-bit candidates compile for sm_90 (Triton 3.8) without spilling registers at the head
+# dimensions they are allowed for. fp32 tiles hold twice the bytes and fp32 products do not use
+# tensor cores, so fp32 inputs get their own small candidates (correct, not fast: fp32 attention
+# is there to check the model against V1, bf16 is for speed).
 # Few candidates on purpose: each is compiled (seconds) and timed on first use of a shape.
 # ------------------------------------------------------------------------------------------------
 
