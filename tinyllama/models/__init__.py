@@ -21,6 +21,7 @@ from tinyllama.models.weights import transfer_weights
 _REGISTRY: dict[str, tuple[str, str]] = {
     "v1": ("tinyllama.models.v1_baseline", "TinyLlama"),
     "v2": ("tinyllama.models.v2_fused", "TinyLlama"),
+    "v3": ("tinyllama.models.v3_triton", "TinyLlama"),
     "v4": ("tinyllama.models.v4_sdpa", "TinyLlama"),
 }
 
@@ -29,6 +30,8 @@ VERSIONS: tuple[str, ...] = tuple(_REGISTRY)
 DESCRIPTIONS: dict[str, str] = {
     "v1": "plain PyTorch baseline: separate projections, explicit mask and softmax",
     "v2": "fused QKV and gate/up projections; SDPA and torch.compile behind switches",
+    "v3": "Triton kernels with backward: RMSNorm, flash attention (GQA by index), SwiGLU; stage=1/2 are "
+          "the debugging exercise's broken init and non-contiguous inputs",
     "v4": "PyTorch SDPA + fused projections + torch.compile, trained in bf16 with fused AdamW",
 }
 

@@ -1,0 +1,76 @@
+"""The kernel benchmark checks before it times, refuses a wrong kernel, and reports what it measured."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from tinyllama.kernels import bench
+
+FAKE_CEILINGS = {"copy_tbs": 1.0, "matmul_fp32_tflops": 1.0, "matmul_bf16_tflops": 1.0}
+SMALL = dict(dtypes=["fp32"], seq_lens=[5], preset="ci", batch_size=1, passes=["forward", "backward"],
+             repeat=1, ceilings=FAKE_CEILINGS, progress=False)
+
+
+def test_rows_carry_time_throughput_and_the_check():
+    frame = bench.run_kernel_bench(kernels=["rmsnorm"], **SMALL)
+    assert set(frame["impl"]) == {"triton", "eager"} and set(frame["pass"]) == {"forward", "backward"}
+    assert (frame["status"] == "ok").all()
+    assert (frame["time_ms"] > 0).all() and (frame["achieved"] > 0).all()
+    triton = frame[frame["impl"] == "triton"]
+    assert (triton["check_error"] < 1e-5).all()
+    # achieved = bytes / time, and the share is relative to the (fake) ceiling of 1 TB/s
+    row = triton.iloc[0]
+    assert row["achieved"] == pytest.approx(row["work"] / (row["time_ms"] * 1e-3) / 1e12)
+    assert row["ceiling_share"] == pytest.approx(row["achieved"])
+    assert frame["speedup"].notna().all() and set(frame["baseline"]) == {"eager"}
+
+
+def test_a_kernel_that_fails_its_check_is_not_timed(monkeypatch):
+    real = bench._CASES["swiglu"]
+
+    def broken(*args):
+        case = real(*args)
+        case.triton = lambda gate, up: bench.swiglu(gate, up) * 1.01  # 1% off
+        return case
+
+    monkeypatch.setitem(bench._CASES, "swiglu", broken)
+    frame = bench.run_kernel_bench(kernels=["swiglu"], **SMALL)
+    assert len(frame) == 1
+    assert frame.iloc[0]["status"].startswith("failed check") and "time_ms" not in frame
+
+
+def test_attention_is_compared_with_sdpa_and_v1():
+    frame = bench.run_kernel_bench(kernels=["flash_attention"], **{**SMALL, "passes": ["forward"]})
+    assert {"triton", "sdpa", "eager"} <= set(frame["impl"])
+    assert (frame["unit"] == "TFLOP/s").all() and (frame["status"] == "ok").all()
+
+
+def test_targets_are_judged_from_the_rows():
+    frame = pd.DataFrame([
+        {"kernel": "rmsnorm", "impl": "triton", "pass": "forward", "dtype": "bf16", "seq_len": 512,
+         "status": "ok", "time_ms": 1.0, "ceiling_share": 0.75, "speedup": 2.0, "baseline": "eager"},
+        {"kernel": "flash_attention", "impl": "triton", "pass": "forward+backward", "dtype": "bf16",
+         "seq_len": 512, "status": "ok", "time_ms": 1.0, "ceiling_share": 0.3, "speedup": 0.7,
+         "baseline": "sdpa_flash"},
+    ])
+    targets = bench.check_targets(frame)
+    assert list(targets["met"]) == [True, False]
+
+
+def test_command_line_appends_json(tmp_path, capsys):
+    out = tmp_path / "kernels.json"
+    out.write_text(json.dumps([{"earlier": "record"}]))
+    args = ["--kernels", "swiglu", "--dtypes", "fp32", "--seq-lens", "3", "--preset", "ci", "--batch-size", "1",
+            "--passes", "forward", "--repeat", "1", "--quiet", "--json", str(out)]
+    assert bench.main(args) == 0
+    records = json.loads(out.read_text())
+    assert records[0] == {"earlier": "record"} and {r["impl"] for r in records[1:]} == {"triton", "eager"}
+    assert "| swiglu |" in capsys.readouterr().out
+
+
+def test_bad_choices_are_refused():
+    with pytest.raises(SystemExit):
+        bench.main(["--kernels", "softmax"])
+    with pytest.raises(ValueError, match="at least 1"):
+        bench.run_kernel_bench(kernels=["swiglu"], **{**SMALL, "seq_lens": [0]})

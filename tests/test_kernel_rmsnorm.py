@@ -1,0 +1,82 @@
+"""The Triton RMSNorm against its PyTorch reference: output, input gradient and weight gradient.
+
+On a CPU the kernel runs in Triton's interpreter at small shapes (hidden sizes that are not powers of
+two included); with a GPU the same tests run compiled at the workshop's shapes.
+"""
+
+import pytest
+import torch
+
+from tinyllama.kernels import KernelMismatch, rmsnorm, rmsnorm_reference
+from tinyllama.kernels._triton import compare_with_reference, relative_error
+from tinyllama.kernels.rmsnorm import rmsnorm_forward
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (leading shape, hidden size)
+SHAPES = ([((16, 512), 1024), ((4, 256), 4096), ((3, 333), 1000), ((2, 7), 257)] if DEVICE == "cuda"
+          else [((2, 3), 48), ((5,), 100), ((1, 7), 257), ((4, 16), 64)])
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _inputs(lead, hidden, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, hidden, generator=g).to(DEVICE, dtype).requires_grad_()
+    weight = (1 + 0.2 * torch.randn(hidden, generator=g)).to(DEVICE).requires_grad_()
+    return x, weight
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,hidden", SHAPES)
+def test_forward_and_gradients_match_the_reference(lead, hidden, dtype):
+    x, weight = _inputs(lead, hidden, dtype, seed=hidden)
+    errors = compare_with_reference(rmsnorm, rmsnorm_reference, [x, weight], ["x", "weight"], eps=1e-5)
+    assert set(errors) == {"out", "dx", "dweight"}
+
+
+def test_non_contiguous_inputs_and_gradients():
+    """A transposed view (last dimension strided), a row slice (rows further apart than their
+    length) and a transposed upstream gradient: a launcher that assumed contiguous memory would read
+    the wrong elements and fail here."""
+    hidden, rows = (1000, 300) if DEVICE == "cuda" else (100, 12)
+    g = torch.Generator().manual_seed(1)
+    weight = (1 + 0.2 * torch.randn(hidden, generator=g)).to(DEVICE).requires_grad_()
+    base_t = torch.randn(hidden, rows, generator=g).to(DEVICE).requires_grad_()
+    transposed = base_t.t()  # (rows, hidden), strides (1, rows)
+    base_wide = torch.randn(rows, 2 * hidden + 3, generator=g).to(DEVICE).requires_grad_()
+    sliced = base_wide[:, 3:hidden + 3]  # row stride 2 * hidden + 3, offset 3
+    for x in (transposed, sliced):
+        assert not x.is_contiguous()
+        grad_out = torch.randn(hidden, rows, generator=g).to(DEVICE).t()
+        compare_with_reference(rmsnorm, rmsnorm_reference, [x, weight], ["x", "weight"], grad_out=grad_out)
+
+
+def test_rstd_is_the_reciprocal_root_mean_square():
+    x, weight = _inputs((3,), 257, torch.float32, seed=2)
+    _, rstd = rmsnorm_forward(x.detach(), weight.detach(), eps=1e-5)
+    expected = torch.rsqrt(x.detach().pow(2).mean(-1) + 1e-5)
+    assert relative_error(rstd, expected) < 1e-6
+
+
+def test_out_dtype_rounds_the_fp32_result_once():
+    """Under autocast V3 asks for a bf16 result: it must equal the fp32 result cast to bf16."""
+    x, weight = _inputs((4,), 100, torch.float32, seed=3)
+    y16 = rmsnorm(x, weight, 1e-5, out_dtype=torch.bfloat16)
+    assert y16.dtype == torch.bfloat16 and y16.shape == x.shape
+    expected = rmsnorm_reference(x, weight, 1e-5).to(torch.bfloat16)
+    assert (y16.float() - expected.float()).abs().max().item() <= 2 ** -7 * expected.float().abs().max().item()
+
+
+def test_a_wrong_result_is_caught():
+    """The comparison itself must be able to fail: a norm without its weight is rejected."""
+    x, weight = _inputs((2, 3), 48, torch.float32, seed=4)
+    with pytest.raises(KernelMismatch):
+        compare_with_reference(lambda a, w, eps: rmsnorm(a, torch.ones_like(w), eps), rmsnorm_reference,
+                               [x, weight], ["x", "weight"], eps=1e-5)
+
+
+def test_bad_shapes_give_a_clear_error():
+    x = torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="last dimension"):
+        rmsnorm(x, torch.ones(7, device=DEVICE))
+    with pytest.raises(ValueError, match="not supported"):
+        rmsnorm(x.double(), torch.ones(8, device=DEVICE, dtype=torch.float64))

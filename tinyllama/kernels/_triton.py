@@ -1,0 +1,202 @@
+"""What the three kernels share: interpreter detection, autotuning configs, input checks, and the
+tolerances that say when a kernel agrees with its PyTorch reference.
+
+Vendor differences stay in ``tinyllama.device``; here we only ask it which back end we run on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tinyllama import device as dev
+
+# Read once, when the kernel modules are imported: tinyllama.kernels sets TRITON_INTERPRET=1 on a
+# machine without a GPU before it imports them, and @triton.jit reads the same variable.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Grid dimensions 1 and 2 are limited to 65535 programs on both vendors' GPUs.
+MAX_GRID_Y = 65535
+
+
+def configs(gpu: list[triton.Config], interpreter: triton.Config) -> list[triton.Config]:
+    """The autotuning candidates: ``gpu`` when compiling, the single ``interpreter`` config when
+    interpreting (the interpreter is far too slow to benchmark configurations, and one small block
+    size keeps the CPU tests fast while still crossing block boundaries)."""
+    return [interpreter] if INTERPRET else gpu
+
+
+def autotune(candidates: list[triton.Config], key: list[str], prune: Callable[..., list[triton.Config]] | None = None):
+    """``triton.autotune`` that times each candidate for about 30 ms instead of Triton's default of
+    about 125 ms (where the installed Triton lets us choose), so that first calls stay short."""
+    options: dict[str, object] = {}
+    if prune is not None:
+        options["prune_configs_by"] = {"early_config_prune": prune}
+    if "do_bench" in inspect.signature(triton.autotune).parameters:
+        from triton.testing import do_bench
+
+        options["do_bench"] = lambda fn, quantiles: do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+    return triton.autotune(configs=candidates, key=key, **options)
+
+
+def pipeline_stages(cuda: int) -> int:
+    """``num_stages`` for a loop that streams tiles: NVIDIA pipelines ``cuda`` loads ahead through
+    shared memory; AMD's stream pipeliner is tuned for 1-2 stages and has 64 KiB of LDS."""
+    return min(cuda, 2) if dev.backend() == "rocm" else cuda
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` for ``tl.dot``: fp32 inputs use full-precision products unless PyTorch
+    itself allows TF32 for fp32 matmuls (so that "fp32" means the same as in the V1 model).
+    ``ieee`` is accepted by every back end; 16-bit inputs ignore it."""
+    if dtype == torch.float32 and dev.backend() == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def upcast_dots(dtype: torch.dtype) -> bool:
+    """Whether ``tl.dot`` operands must be converted to fp32 first: Triton's interpreter multiplies
+    bf16 tiles as their raw 16-bit integers (observed with Triton 3.8), so it gets fp32 tiles."""
+    return INTERPRET and dtype == torch.bfloat16
+
+
+@triton.jit
+def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b`` with fp32 accumulation (see ``upcast_dots`` for ``UPCAST``)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+def check_tensors(kernel: str, *tensors: torch.Tensor) -> None:
+    """Raise a short ``ValueError`` or ``RuntimeError`` unless the tensors can go to a Triton kernel:
+    floating point of a supported type, all on one device, and a device Triton can run on."""
+    first = tensors[0]
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{kernel}: expected tensors, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{kernel}: dtype {t.dtype} is not supported; use float32, bfloat16 or float16")
+        if t.device != first.device:
+            raise ValueError(f"{kernel}: tensors are on {first.device} and {t.device}; put them on one device")
+    if first.device.type == "cpu" and not INTERPRET:
+        raise RuntimeError(
+            f"{kernel}: the tensors are on the CPU, but Triton compiles for the GPU here. Move them to the "
+            "GPU, or set TRITON_INTERPRET=1 before importing tinyllama.kernels to run the kernels on the CPU."
+        )
+    if first.device.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"{kernel}: Triton cannot run on a {first.device.type} device; use a GPU")
+
+
+def rows_view(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a 2-D (rows, last dim) tensor whose last dimension has unit stride.
+
+    This is the contiguity rule of the row kernels (RMSNorm, SwiGLU): any distance between rows is
+    fine and costs nothing (slices, head views); a last dimension that is not contiguous (a
+    transposed view, a stride-0 broadcast) is copied once, because reading across memory would be
+    slower than the copy.
+    """
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    if rows.stride(-1) != 1 and rows.shape[-1] > 1:
+        rows = rows.contiguous()
+    return rows
+
+
+def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself if its last dimension has unit stride, else a contiguous copy."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors (NVIDIA) or compute units (AMD): how many programs run at once."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter runs programs one after another; a few suffice
+
+
+# ------------------------------------------------------------------------------------------------
+# Agreement with the reference
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Largest allowed ``max|actual - expected| / max|expected|`` (error relative to the tensor's scale).
+
+    fp32 is tight (rounding only). The 16-bit bounds leave room for rounding the inputs, the output
+    and, in attention, the probabilities before the second matmul (as every flash kernel does): at
+    sequence length 1000 the attention gradients are about 1.4% off in bf16 (PyTorch's own bf16
+    attention: 0.7%); a real bug (a wrong mask, a missing term) is off by tens of percent."""
+
+    fp32: float = 1e-5
+    bf16: float = 3e-2
+    fp16: float = 5e-3
+
+    def __call__(self, dtype: torch.dtype) -> float:
+        return {torch.float32: self.fp32, torch.bfloat16: self.bf16, torch.float16: self.fp16}[dtype]
+
+
+class KernelMismatch(AssertionError):
+    """A kernel's result differs from its PyTorch reference by more than the tolerance."""
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``max|actual - expected| / max|expected|`` in fp64 (0 when both are all zero)."""
+    if actual.shape != expected.shape:
+        raise KernelMismatch(f"shape {tuple(actual.shape)} differs from the reference's {tuple(expected.shape)}")
+    a, e = actual.double(), expected.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    scale = e.abs().max().item()
+    err = (a - e).abs().max().item()
+    return err / scale if scale > 0 else err
+
+
+def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> float:
+    """Raise ``KernelMismatch`` naming ``name`` unless ``actual`` agrees with ``expected``; returns the error."""
+    err = relative_error(actual, expected)
+    if not err <= tolerance:
+        raise KernelMismatch(f"{name}: relative error {err:.3g} exceeds {tolerance:.3g}")
+    return err
+
+
+def compare_with_reference(
+    kernel: Callable[..., torch.Tensor],
+    reference: Callable[..., torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    names: Sequence[str],
+    tolerance: Tolerance | None = None,
+    grad_out: torch.Tensor | None = None,
+    **kwargs: object,
+) -> dict[str, float]:
+    """Check ``kernel(*inputs, **kwargs)`` against ``reference`` run in fp32 on the same values: the
+    output and the gradient of every input for one random upstream gradient (or ``grad_out``).
+
+    ``inputs`` must require gradients (they may be views of leaves, to test strided memory). Returns
+    the relative error of each compared tensor, keyed ``"out"`` and ``"d" + name``; raises
+    ``KernelMismatch`` at the first one above the tolerance of the inputs' dtype.
+    """
+    tolerance = tolerance or Tolerance()
+    tol = tolerance(inputs[0].dtype)
+    out = kernel(*inputs, **kwargs)
+    exact = [t.detach().float().requires_grad_() for t in inputs]
+    expected = reference(*exact, **kwargs).float()
+    errors = {"out": assert_close("output", out, expected, tol)}
+    if grad_out is None:
+        grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, list(inputs), grad_out, allow_unused=True)
+    expected_grads = torch.autograd.grad(expected, exact, grad_out.float())
+    for name, grad, want in zip(names, grads, expected_grads):
+        if grad is None:
+            raise KernelMismatch(f"gradient of {name}: missing (the backward does not reach it)")
+        errors["d" + name] = assert_close(f"gradient of {name}", grad, want, tol)
+    return errors

@@ -1,0 +1,171 @@
+"""RMSNorm in Triton: ``y = x / sqrt(mean(x^2) + eps) * weight``, forward and backward.
+
+Each program normalises ``BLOCK_M`` rows at once, a whole row in registers (``BLOCK_N`` is the
+hidden size rounded up to a power of two, the tail masked), accumulating in fp32 whatever the input
+type. The forward saves ``rstd = 1 / sqrt(mean(x^2) + eps)`` per row, so the backward does not
+recompute the reduction. The backward runs one program per few multiprocessors' worth of rows and
+sums its part of the weight gradient in registers; PyTorch adds the few partial sums at the end
+(no atomics, so the result is deterministic).
+
+Backward, with ``xhat = x * rstd`` and ``g = dy * weight``:
+``dx = rstd * (g - xhat * mean(g * xhat))`` and ``dweight = sum over rows of dy * xhat``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tinyllama.kernels._triton import autotune, check_tensors, configs, multiprocessor_count, rows_view
+
+# A row is held in registers; beyond this many elements it would spill (and a 64K-wide hidden
+# size is far beyond any model in the course).
+MAX_HIDDEN = 65536
+
+
+def _row_configs() -> list[triton.Config]:
+    # Rows per program x warps. Few candidates: each one is compiled and timed on first use.
+    gpu = [triton.Config({"BLOCK_M": m}, num_warps=w)
+           for m, w in ((1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8))]
+    return configs(gpu, triton.Config({"BLOCK_M": 4}, num_warps=4))
+
+
+def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Keep configurations that give each thread between 2 and 64 elements of the tile."""
+    block_n = kwargs["BLOCK_N"]
+    kept = [c for c in configs_
+            if 2 <= c.kwargs["BLOCK_M"] * block_n // (32 * c.num_warps) <= 64]
+    return kept or configs_[:1]
+
+
+@autotune(_row_configs(), ["N"], _prune)
+@triton.jit(do_not_specialize=["M", "N"])  # one compiled kernel for every row count and width
+def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
+                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows64 * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+
+
+@autotune(_row_configs(), ["N"], _prune)
+@triton.jit(do_not_specialize=["M", "N", "num_programs"])
+def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx, M, N, num_programs,
+                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # Blocks of rows pid, pid + num_programs, ...: every program streams through its share.
+    for block in range(pid, tl.cdiv(M, BLOCK_M), num_programs):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = x * rstd[:, None]
+        g = dy * w[None, :]
+        mean_gx = tl.sum(g * xhat, axis=1) / N
+        dx = (g - xhat * mean_gx[:, None]) * rstd[:, None]
+        tl.store(DX + rows64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+    tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dw, axis=0), mask=col_ok)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launchers
+# ------------------------------------------------------------------------------------------------
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
+    check_tensors("rmsnorm", x, weight)
+    if weight.dim() != 1 or x.dim() == 0 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"rmsnorm: weight of shape {tuple(weight.shape)} does not match the last dimension "
+                         f"of x {tuple(x.shape)}; it must be a vector of length x.shape[-1]")
+    if x.shape[-1] > MAX_HIDDEN:
+        raise ValueError(f"rmsnorm: hidden size {x.shape[-1]} exceeds {MAX_HIDDEN}, the widest row kept in registers")
+
+
+def rmsnorm_forward(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, rstd)``: the normalised ``x`` (shape of ``x``, dtype ``out_dtype`` or ``x``'s) and the
+    fp32 reciprocal root-mean-square of each row, which the backward reuses."""
+    _check(x, weight)
+    rows = rows_view(x)
+    M, N = rows.shape
+    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    if M:
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)  # noqa: E731
+        _rmsnorm_fwd_kernel[grid](rows, weight.contiguous(), y, rstd, rows.stride(0), y.stride(0), M, N, eps,
+                                  BLOCK_N=triton.next_power_of_2(N))
+    return y.view(x.shape), rstd
+
+
+def rmsnorm_backward(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dx, dweight)`` for the upstream gradient ``dy``; ``rstd`` comes from ``rmsnorm_forward``."""
+    check_tensors("rmsnorm backward", dy, x, weight)
+    dy_rows, x_rows = rows_view(dy), rows_view(x)
+    M, N = x_rows.shape
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    # Enough programs to fill the GPU a few times over; each sums its rows' part of dweight.
+    num_programs = max(1, min(M, 4 * multiprocessor_count(x.device)))
+    partial = torch.empty((num_programs, N), dtype=torch.float32, device=x.device)
+    if M:
+        _rmsnorm_bwd_kernel[(num_programs,)](
+            dy_rows, x_rows, weight.contiguous(), rstd, dx, partial, dy_rows.stride(0), x_rows.stride(0),
+            dx.stride(0), M, N, num_programs, BLOCK_N=triton.next_power_of_2(N))
+        dweight = partial.sum(dim=0)
+    else:
+        dweight = torch.zeros(N, dtype=torch.float32, device=x.device)
+    return dx.view(x.shape), dweight.to(weight.dtype)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """Autograd wrapper: the forward saves ``x`` (as rows) and ``rstd``; the backward gives ``dx`` and
+    ``dweight``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, out_dtype):  # type: ignore[override]
+        y, rstd = rmsnorm_forward(x, weight, eps, out_dtype)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        dx, dweight = rmsnorm_backward(dy, x, weight, rstd)
+        return (dx if ctx.needs_input_grad[0] else None,
+                dweight if ctx.needs_input_grad[1] else None, None, None)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """RMSNorm over the last dimension of ``x`` with a learned ``weight``, differentiable in both.
+
+    Statistics are computed in fp32 for any input type. ``out_dtype`` (default: ``x``'s) lets a
+    caller under autocast get the 16-bit result that the next matmul would cast to anyway.
+    """
+    return RMSNormFunction.apply(x, weight, eps, out_dtype)
+
+
+def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
+                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The same function in plain PyTorch (the V1 model's formula), for tests and the benchmark."""
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+    return y.to(out_dtype or x.dtype)

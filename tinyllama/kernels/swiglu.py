@@ -1,0 +1,126 @@
+"""SwiGLU activation in Triton: ``out = silu(gate) * up``, forward and backward in one pass each.
+
+PyTorch eager runs ``silu`` and the product as two kernels and keeps ``silu(gate)`` for the backward;
+here the forward reads ``gate`` and ``up`` once and writes ``out`` once, and the backward reads
+``gate``, ``up`` and ``dout`` once and writes both gradients, recomputing the sigmoid on the way.
+Arithmetic is fp32 whatever the storage type.
+
+With ``s = sigmoid(gate)``: ``d gate = dout * up * s * (1 + gate * (1 - s))``, ``d up = dout * gate * s``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, rows_view
+
+
+def _tile_configs() -> list[triton.Config]:
+    gpu = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w)
+           for m, n, w in ((1, 1024, 4), (1, 2048, 8), (2, 1024, 8), (4, 512, 4), (8, 256, 4))]
+    return configs(gpu, triton.Config({"BLOCK_M": 4, "BLOCK_N": 64}, num_warps=4))
+
+
+def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Drop tiles that are more than twice as wide as a row, and column grids taller than allowed."""
+    n = named_args["N"]
+    kept = [c for c in configs_
+            if c.kwargs["BLOCK_N"] <= max(128, 2 * triton.next_power_of_2(n))
+            and triton.cdiv(n, c.kwargs["BLOCK_N"]) <= MAX_GRID_Y]
+    return kept or configs_[-1:]
+
+
+@autotune(_tile_configs(), ["N"], _prune)
+@triton.jit(do_not_specialize=["M", "N"])  # one compiled kernel for every shape
+def _swiglu_fwd_kernel(G, U, OUT, stride_g, stride_u, stride_o, M, N,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = (rows < M) & (cols < N)
+    g = tl.load(G + rows * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + rows * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    out = g / (1.0 + tl.exp(-g)) * u
+    tl.store(OUT + rows * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
+
+
+@autotune(_tile_configs(), ["N"], _prune)
+@triton.jit(do_not_specialize=["M", "N"])
+def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, stride_do, stride_g, stride_u, stride_dg, stride_du, M, N,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = (rows < M) & (cols < N)
+    dout = tl.load(DOUT + rows * stride_do + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + rows * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + rows * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    s = 1.0 / (1.0 + tl.exp(-g))
+    dg = dout * u * s * (1.0 + g * (1.0 - s))
+    du = dout * g * s
+    tl.store(DG + rows * stride_dg + cols, dg.to(DG.dtype.element_ty), mask=mask)
+    tl.store(DU + rows * stride_du + cols, du.to(DU.dtype.element_ty), mask=mask)
+
+
+def _grid(M: int, N: int):
+    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))
+
+
+def _check(gate: torch.Tensor, up: torch.Tensor) -> None:
+    check_tensors("swiglu", gate, up)
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(f"swiglu: gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} "
+                         "must have the same shape and dtype")
+    if gate.dim() == 0:
+        raise ValueError("swiglu: gate and up must have at least one dimension")
+
+
+def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` (shape and dtype of ``gate``)."""
+    _check(gate, up)
+    g, u = rows_view(gate), rows_view(up)
+    M, N = g.shape
+    out = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
+    if out.numel():
+        _swiglu_fwd_kernel[_grid(M, N)](g, u, out, g.stride(0), u.stride(0), out.stride(0), M, N)
+    return out.view(gate.shape)
+
+
+def swiglu_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d gate, d up)`` for the upstream gradient ``dout``."""
+    _check(gate, up)
+    check_tensors("swiglu backward", dout, gate)
+    do, g, u = rows_view(dout), rows_view(gate), rows_view(up)
+    M, N = g.shape
+    dg = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
+    du = torch.empty_like(dg)
+    if dg.numel():
+        _swiglu_bwd_kernel[_grid(M, N)](do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0),
+                                        dg.stride(0), du.stride(0), M, N)
+    return dg.view(gate.shape), du.view(gate.shape)
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    """Autograd wrapper: saves ``gate`` and ``up`` (not the activation), recomputes in the backward."""
+
+    @staticmethod
+    def forward(ctx, gate, up):  # type: ignore[override]
+        ctx.save_for_backward(gate, up)
+        return swiglu_forward(gate, up)
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        gate, up = ctx.saved_tensors
+        return swiglu_backward(dout, gate, up)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` elementwise, differentiable in both; ``gate`` and ``up`` may be any views
+    (for example the two halves of one fused projection) of the same shape."""
+    return SwiGLUFunction.apply(gate, up)
+
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The same function in plain PyTorch (the V1 model's formula)."""
+    return F.silu(gate) * up
