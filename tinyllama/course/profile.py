@@ -38,6 +38,10 @@ class Profile:
     inference_batch_sizes: tuple[int, ...]
     image_size: int
     inference_steps: int
+    # torch.compile modes notebook 06 compares with eager (max-autotune's autotuning costs minutes).
+    compile_modes: tuple[str, ...]
+    # Kernel launches Nsight Compute profiles in notebook 07 (it replays each one: keep it small).
+    vendor_launch_count: int
     # TinyLLaMA (V1-V4, kernels, roofline): preset of tinyllama.config, sweeps, training steps.
     tinyllama_preset: str
     tinyllama_batch_sizes: tuple[int, ...]
@@ -65,6 +69,8 @@ PROFILES: dict[str, Profile] = {
         inference_batch_sizes=(1, 8, 32, 64, 128, 256),
         image_size=224,
         inference_steps=50,
+        compile_modes=("default", "reduce-overhead", "max-autotune"),
+        vendor_launch_count=60,
         tinyllama_preset="medium",
         tinyllama_batch_sizes=(4, 8, 16, 32),
         tinyllama_seq_lens=(128, 256, 512, 1024),
@@ -85,6 +91,8 @@ PROFILES: dict[str, Profile] = {
         inference_batch_sizes=(1, 2, 4),
         image_size=64,
         inference_steps=3,
+        compile_modes=("default",),
+        vendor_launch_count=20,
         tinyllama_preset="ci",
         tinyllama_batch_sizes=(1, 2),
         tinyllama_seq_lens=(16, 32),
