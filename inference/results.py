@@ -10,11 +10,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from inference.config import BenchmarkError
+from tinyllama.records import append_json_records
 
 
 class ResultsFileError(BenchmarkError):
@@ -72,30 +72,12 @@ def append_csv(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]
 
 
 def append_json(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> Path:
-    """Append ``records`` to the JSON list in ``path`` (created when missing). The file is replaced
-    in one step, so an interrupted write cannot leave half a file behind."""
-    target = Path(path)
-    existing: list[Any] = []
-    if target.exists() and target.stat().st_size > 0:
-        try:
-            existing = json.loads(target.read_text())
-        except json.JSONDecodeError as error:
-            raise ResultsFileError(f"{target} is not valid JSON ({error}); give another --json file") from None
-        if not isinstance(existing, list):
-            raise ResultsFileError(f"{target} holds a JSON {type(existing).__name__}, not a list of results; "
-                                   "give another --json file")
-    existing.extend(dict(r) for r in records)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    """Append ``records`` to the JSON list in ``path`` (created when missing; earlier records kept,
+    the file replaced in one step). A file that is not such a list is left alone with an error."""
     try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(existing, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target
+        return append_json_records(path, records)
+    except ValueError as error:
+        raise ResultsFileError(f"{error} (give another --json file)") from None
 
 
 def load_json(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -398,13 +398,12 @@ def _run(
 # ------------------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m tinyllama.bench",
-        description="Time TinyLLaMA training steps honestly: correctness check, warm-up, device events.",
-    )
-    parser.add_argument("--version", default="v1", help=f"model version ({', '.join(VERSIONS)} ...)")
-    parser.add_argument("--preset", default="tiny", help="problem size: ci, tiny, small, medium, large")
+_SHAPE_FLAGS = ("hidden_dim", "num_layers", "num_heads", "num_kv_heads", "intermediate_dim")
+
+
+def add_problem_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """The preset and the original workshop's shape flags, shared by every TinyLLaMA command line."""
+    parser.add_argument("--preset", default="tiny", help="problem size: ci, tiny, small, medium, large (default tiny)")
     parser.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's)")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the preset's)")
     parser.add_argument("--hidden-dim", type=int, help="model width (default: the preset's)")
@@ -412,6 +411,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-heads", type=int, help="query heads (default: the preset's)")
     parser.add_argument("--num-kv-heads", type=int, help="key/value heads (default: the preset's)")
     parser.add_argument("--intermediate-dim", type=int, help="feed-forward width (default: the preset's)")
+
+
+def shape_overrides(args: argparse.Namespace) -> dict[str, int | None]:
+    """The model-shape flags of ``add_problem_size_arguments``, as ``make_config`` overrides."""
+    return {name: getattr(args, name) for name in _SHAPE_FLAGS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tinyllama.bench",
+        description="Time TinyLLaMA training steps honestly: correctness check, warm-up, device events.",
+    )
+    parser.add_argument("--version", default="v1", help=f"model version ({', '.join(VERSIONS)} ...)")
+    add_problem_size_arguments(parser)
     parser.add_argument("--num-steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed warm-up steps (default 3)")
     parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16 (fp16 uses a gradient scaler)")
@@ -453,8 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.version, args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
             precision=args.precision, num_steps=args.num_steps, warmup_steps=args.warmup_steps,
             seed=args.seed, deterministic=args.deterministic, device=args.device, model_options=options,
-            progress=not args.quiet, hidden_dim=args.hidden_dim, num_layers=args.num_layers,
-            num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, intermediate_dim=args.intermediate_dim,
+            progress=not args.quiet, **shape_overrides(args),
         )
     except (ValueError, BenchmarkError, CorrectnessError, dev.DeviceUnavailable) as error:
         # Includes BenchmarkError and CorrectnessError: one line, no traceback wall.

@@ -37,11 +37,12 @@ import torch
 from torch import nn
 
 from tinyllama import device as dev
-from tinyllama.bench import (PRECISIONS, BenchmarkError, TrainingStep, autocast_context, make_batches,
-                             parse_option, resolve_config, run_benchmark, set_matmul_precision)
+from tinyllama.bench import (PRECISIONS, BenchmarkError, TrainingStep, add_problem_size_arguments, autocast_context,
+                             make_batches, parse_option, resolve_config, run_benchmark, set_matmul_precision,
+                             shape_overrides)
 from tinyllama.checks import CorrectnessError, parameters_without_gradient
 from tinyllama.models import VERSIONS, build, lm_loss, model_class
-from tinyllama.models.weights import _fused_spec, _unwrap, canonical_state_dict, from_canonical
+from tinyllama.models.weights import canonical_gradients, canonical_state_dict, from_canonical, unwrap
 
 RECORD_KIND = "tinyllama.compare"
 
@@ -197,25 +198,6 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     diff = (value - reference).norm().item()
     scale = reference.norm().item()
     return diff / scale if scale > 0 else diff
-
-
-def canonical_gradients(model: nn.Module) -> dict[str, torch.Tensor | None]:
-    """Each parameter's gradient under V1's name, fused gradients split into their parts (the same
-    mapping as ``canonical_state_dict`` applies to the weights)."""
-    inner = _unwrap(model)
-    spec = _fused_spec(inner)
-    out: dict[str, torch.Tensor | None] = {}
-    for name, param in inner.named_parameters():
-        suffix = next((s for s in spec if name.endswith(s)), None)
-        if suffix is None:
-            out[name] = param.grad
-            continue
-        prefix = name[: -len(suffix)]
-        rows = [n for _, n in spec[suffix]]
-        pieces = param.grad.split(rows, dim=0) if param.grad is not None else [None] * len(rows)
-        for (part, _), piece in zip(spec[suffix], pieces):
-            out[prefix + part] = piece
-    return out
 
 
 # fp16 gradients underflow without loss scaling (the training step scales too): scale, then unscale.
@@ -566,8 +548,8 @@ def _check_run(spec: RunSpec, config: Any, weights: dict[str, torch.Tensor], ref
     try:
         with device:
             model = build(spec.version, config, **spec.model_options)
-        _unwrap(model).load_state_dict(from_canonical(model, weights))
-        switches = getattr(_unwrap(model), "switches", None)
+        unwrap(model).load_state_dict(from_canonical(model, weights))
+        switches = getattr(unwrap(model), "switches", None)
         compiled = switches is not None and switches.compile
         if compiled:
             _say("  compiling (torch.compile: the first steps take a while)", progress)
@@ -825,11 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--runs", nargs="+", default=["v1:fp32", "v2:fp32", "v4"], metavar="SPEC",
                         help="runs to compare (see below); default: v1:fp32 v2:fp32 v4")
-    parser.add_argument("--preset", default="tiny", help="problem size: ci, tiny, small, medium, large (default tiny)")
-    parser.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the preset's)")
-    parser.add_argument("--hidden-dim", type=int, help="model width (default: the preset's)")
-    parser.add_argument("--num-layers", type=int, help="decoder layers (default: the preset's)")
+    add_problem_size_arguments(parser)
     parser.add_argument("--num-steps", type=int, default=20, help="timed steps per run (default 20)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed warm-up steps per run (default 3)")
     parser.add_argument("--seed", type=int, default=0)
@@ -873,7 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             specs, args.preset, batch_size=args.batch_size, seq_len=args.seq_len, num_steps=args.num_steps,
             warmup_steps=args.warmup_steps, seed=args.seed, device=args.device,
             gemm_counts=not args.no_gemm_count, profile_runs=profile, ceilings=ceilings, progress=progress,
-            hidden_dim=args.hidden_dim, num_layers=args.num_layers,
+            **shape_overrides(args),
         )
     except (ValueError, BenchmarkError, dev.DeviceUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)

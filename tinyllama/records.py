@@ -6,10 +6,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 
-def append_json_records(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> Path:
+def append_json_records(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> Path:
     """Append ``records`` to the JSON list in ``path`` (created if missing) and return the path.
 
     An existing file that is not a JSON list is left untouched and a ``ValueError`` says so. The new
@@ -24,11 +24,17 @@ def append_json_records(path: str | os.PathLike[str], records: Iterable[dict[str
             raise ValueError(f"{path} exists but is not valid JSON ({error}); choose another file") from None
         if not isinstance(existing, list):
             raise ValueError(f"{path} holds a JSON {type(existing).__name__}, not a list; choose another file")
-    existing.extend(records)
+    existing.extend(dict(r) for r in records)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        json.dump(existing, tmp, indent=1, default=str)
-    os.replace(tmp.name, path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as f:
+            json.dump(existing, f, indent=1, default=str)
+            f.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
     return path
 
 

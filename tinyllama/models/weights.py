@@ -18,8 +18,8 @@ from torch import nn
 FusedSpec = dict[str, list[tuple[str, int]]]
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    # torch.compile(model) returns a wrapper whose parameters carry an "_orig_mod." prefix.
+def unwrap(model: nn.Module) -> nn.Module:
+    """The eager module inside a ``torch.compile`` wrapper (whose names carry an "_orig_mod." prefix)."""
     return getattr(model, "_orig_mod", model)
 
 
@@ -28,29 +28,42 @@ def _fused_spec(model: nn.Module) -> FusedSpec:
     return fused() if callable(fused) else {}
 
 
-def canonical_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s parameters under V1's names, with fused weights split into their parts."""
-    model = _unwrap(model)
-    spec = _fused_spec(model)
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
+def _split_fused(
+    named: dict[str, torch.Tensor | None], spec: FusedSpec
+) -> dict[str, torch.Tensor | None]:
+    """``named`` tensors under V1's names: each fused tensor split by rows into its parts."""
+    out: dict[str, torch.Tensor | None] = {}
+    for name, tensor in named.items():
         suffix = next((s for s in spec if name.endswith(s)), None)
         if suffix is None:
             out[name] = tensor
             continue
         prefix = name[: -len(suffix)]
-        parts = spec[suffix]
-        rows = [n for _, n in parts]
-        if sum(rows) != tensor.shape[0]:
+        rows = [n for _, n in spec[suffix]]
+        if tensor is not None and sum(rows) != tensor.shape[0]:
             raise ValueError(f"{name}: fused rows {tensor.shape[0]} do not add up to its parts {rows}")
-        for (part, _), piece in zip(parts, torch.split(tensor, rows, dim=0)):
+        pieces = torch.split(tensor, rows, dim=0) if tensor is not None else [None] * len(rows)
+        for (part, _), piece in zip(spec[suffix], pieces):
             out[prefix + part] = piece
     return out
 
 
+def canonical_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s parameters under V1's names, with fused weights split into their parts."""
+    model = unwrap(model)
+    return _split_fused(dict(model.state_dict()), _fused_spec(model))  # type: ignore[return-value]
+
+
+def canonical_gradients(model: nn.Module) -> dict[str, torch.Tensor | None]:
+    """Each parameter's gradient under V1's name (``None`` where it has none), fused gradients split
+    into their parts, so that gradients of any two versions can be compared name by name."""
+    model = unwrap(model)
+    return _split_fused({n: p.grad for n, p in model.named_parameters()}, _fused_spec(model))
+
+
 def from_canonical(model: nn.Module, canonical: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict for ``model`` built from canonical (V1-named) tensors."""
-    model = _unwrap(model)
+    model = unwrap(model)
     spec = _fused_spec(model)
     out: dict[str, torch.Tensor] = {}
     for name in model.state_dict():
@@ -73,12 +86,12 @@ def transfer_weights(src: nn.Module, dst: nn.Module) -> nn.Module:
         state = from_canonical(dst, canonical)
     except KeyError as missing:
         raise ValueError(f"cannot transfer weights: the source has no parameter {missing}") from None
-    target = _unwrap(dst).state_dict()
+    target = unwrap(dst).state_dict()
     for name, tensor in state.items():
         if tensor.shape != target[name].shape:
             raise ValueError(
                 f"cannot transfer weights: {name} has shape {tuple(tensor.shape)} in the source and "
                 f"{tuple(target[name].shape)} in the destination (are the configs the same?)"
             )
-    _unwrap(dst).load_state_dict(state)
+    unwrap(dst).load_state_dict(state)
     return dst

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from tinyllama.config import ModelConfig
+from tinyllama.models.weights import unwrap  # DeepSpeed sees only the eager model, not compile's wrapper
 
 DEFAULT_TOLERANCE = 0.01  # 1%: the two counters use the same formulas for matmuls and convolutions
 
@@ -102,11 +103,6 @@ class DeepSpeedProfile:
         return table.sort_values("macs", ascending=False).reset_index()
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    # torch.compile wraps the model; DeepSpeed can only see the eager one.
-    return getattr(model, "_orig_mod", model)
-
-
 def deepspeed_profile(
     model: nn.Module, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *, warm_up: int = 1,
     module_depth: int = -1, top_modules: int = 3, detailed: bool = True,
@@ -117,7 +113,7 @@ def deepspeed_profile(
     Raises :class:`DeepSpeedMissing` when DeepSpeed cannot be imported.
     """
     profiler_module = _import_flops_profiler()
-    model = _unwrap(model)
+    model = unwrap(model)
     kwargs = kwargs or {}
     with torch.no_grad():
         for _ in range(warm_up):
@@ -277,7 +273,7 @@ def compare_counts(
     module by module. The counts are checked against 2 x DeepSpeed's MACs (see the module docstring:
     DeepSpeed's "flops" also include element-wise work that ``FlopCounterMode`` does not count).
     """
-    model = _unwrap(model)
+    model = unwrap(model)
     kwargs = kwargs or {}
     ds = deepspeed_profile(model, args, kwargs, warm_up=1, detailed=False)
     with torch.no_grad():
@@ -349,7 +345,7 @@ def training_flop_table(
     rows = [
         ("analytic: 3 x (2 x matmul params x tokens + attention)", analytic),
         ("FlopCounterMode, V1 on the meta device (tinyllama.flops)", meta),
-        (f"FlopCounterMode, this model ({type(_unwrap(model)).__name__}), forward + backward", step.total),
+        (f"FlopCounterMode, this model ({type(unwrap(model)).__name__}), forward + backward", step.total),
         ("DeepSpeed: 3 x 2 x forward MACs", 3 * 2 * ds.macs),
     ]
     table = pd.DataFrame(rows, columns=["count", "flops"])
