@@ -5,8 +5,9 @@
 1. measures this GPU's matmul ceilings (bf16 and fp32, 8192^3, tinyllama.ceilings);
 2. runs ``tinyllama.compare`` at the medium preset (hidden 1024, 12 layers, batch 16 x 512): V1 fp32,
    V2's fusions one at a time in fp32 and in bf16 (with an unfused V2 as the control), V2 + SDPA,
-   V2 + SDPA + compile, and V4 bf16. Every run gets V1's weights and is checked against V1 (loss,
-   logits, every gradient) before it is timed; the profiler counts GEMM launches per step;
+   V2 + SDPA + compile, V4 bf16, and V4 with CUDA graphs (compile mode reduce-overhead). Every run
+   gets V1's weights and is checked against V1 (loss, logits, every gradient) before it is timed;
+   the profiler counts GEMM launches per step;
 3. profiles V4's training step (top kernels and operators, time by kind of kernel);
 4. judges the issue's targets: V4 bf16 at most 1/10 of V1 fp32's step time, at least 45% MFU
    against the measured bf16 ceiling, and each V2 fusion's own effect (time and GEMM launches);
@@ -34,6 +35,7 @@ from tinyllama import device as dev  # noqa: E402
 from tinyllama.ceilings import measure_matmul_tflops  # noqa: E402
 
 V4 = "v4:bf16"
+V4_GRAPHS = "v4[compile_mode=reduce-overhead]:bf16"
 V1 = "v1:fp32"
 FUSIONS = {  # name -> V2 switches; "none" is the control that every fusion is measured against
     "none": "fuse_qkv=0,fuse_gate_up=0",
@@ -54,7 +56,8 @@ def default_runs() -> list[str]:
         if precision == "bf16":
             runs.append("v1:bf16")
         runs += [fusion_label(name, precision) for name in FUSIONS]
-    return runs + ["v2[sdpa=1]:bf16", "v2[sdpa=1,compile=1]:bf16", V4]
+    # V4 as it is, then the same with each compiled block replayed as a CUDA graph (launch overhead)
+    return runs + ["v2[sdpa=1]:bf16", "v2[sdpa=1,compile=1]:bf16", V4, V4_GRAPHS]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -244,7 +244,9 @@ def main() -> int:
         optional.append(("fp16 nhwc compile max-autotune-no-cudagraphs", "fp16",
                          {"mode": "max-autotune-no-cudagraphs"}))
     for name, prec, options in optional:
-        factor = 4 if "max-autotune" in name else 1.2  # autotuning compiles many kernel variants
+        # Autotuning compiles and times many kernel variants: 289 s against about 25 s for a default
+        # compile of ResNet-50 on an H200 (2026-11-22).
+        factor = 12 if "max-autotune" in name else 1.2
         if time.time() - began + factor * compile_cost > args.budget_s:
             log(f"skipping {name}: it would pass the time budget of {args.budget_s:.0f} s")
             continue

@@ -81,6 +81,7 @@ class BenchmarkResult:
     per_rank_throughput: list[float] | None = None
     baseline_throughput: float | None = None
     environment: dict[str, Any] = field(default_factory=dict)
+    batchnorm_fp32: bool | None = None  # fp16/bf16 runs: were batch norms kept in fp32?
     timestamp: str = field(default_factory=lambda: _dt.datetime.now().isoformat(timespec="seconds"))
 
     # ------------------------------------------------------------------ derived figures
@@ -137,7 +138,8 @@ class BenchmarkResult:
         """A flat dict of scalars and short lists: one CSV row, one JSON entry, one DataFrame row."""
         record: dict[str, Any] = {
             "timestamp": self.timestamp, "network": self.network, "task": self.task, "mode": self.mode,
-            "precision": self.precision, "channels_last": self.channels_last, "compiled": self.compiled,
+            "precision": self.precision, "batchnorm_fp32": self.batchnorm_fp32,
+            "channels_last": self.channels_last, "compiled": self.compiled,
             "compile_options": self.compile_options, "batch_size": self.batch_size,
             "local_batch_size": self.local_batch_size, "world_size": self.world_size, "rank": self.rank,
             "input_size": self.input_size, "params": self.params, "device": self.device, "backend": self.backend,
@@ -331,8 +333,7 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
                                         networks.to_device(cpu_targets, device))
 
     # Apply the configuration: precision, memory layout.
-    if plan.weight_dtype != torch.float32:
-        model.to(dtype=plan.weight_dtype)
+    precision.apply(model, plan, config.batchnorm_fp32)
     if config.channels_last:
         model.to(memory_format=torch.channels_last)
     inputs = networks.to_device(cpu_inputs, device, plan.input_dtype, config.channels_last)
@@ -485,6 +486,7 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
         trace_files=list(trace.paths) if trace else [],
         operator_table=operator_table.text if operator_table else None, flops_profile=flops_profile,
         baseline_throughput=config.baseline_throughput, environment=environment,
+        batchnorm_fp32=config.batchnorm_fp32 if plan.weight_dtype != torch.float32 else None,
     )
     medians = distributed.gather(result.timing.median, ctx)
     result.per_rank_throughput = distributed.gather(result.throughput, ctx)

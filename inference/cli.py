@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument("--amp-opt-level", type=int, default=0, help=argparse.SUPPRESS)  # the original's APEX flag
     speed.add_argument("--nhwc", "--channels-last", dest="channels_last", action="store_true",
                        help="channels-last memory layout for weights and inputs")
+    speed.add_argument("--bn-16bit", dest="batchnorm_fp32", action="store_false",
+                       help="with fp16/bf16, store batch-norm layers in 16 bits too (by default they keep fp32 "
+                            "weights and statistics, which cuDNN/MIOpen normalise fastest)")
     speed.add_argument("--compile", action="store_true", help="torch.compile the network")
     speed.add_argument("--compileContext", default=None, metavar="DICT",
                        help="torch.compile settings as a Python dict, e.g. \"{'mode': 'max-autotune'}\" "
@@ -121,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
     config = BenchmarkConfig(
         network=args.network, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
         mode=args.mode, precision=_precision(args), channels_last=args.channels_last,
+        batchnorm_fp32=args.batchnorm_fp32,
         compile=args.compile or args.compileContext is not None, compile_options=compile_options or None,
         input_size=args.input_size, device=args.device, seed=args.seed, check=args.check, kineto=args.kineto,
         autograd_profiler=args.autograd_profiler, flops_prof_step=args.flops_prof_step,

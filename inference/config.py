@@ -34,7 +34,8 @@ class ConfigError(BenchmarkError, ValueError):
 class BenchmarkConfig:
     """One benchmark run.
 
-    ``batch_size`` is the global batch: with several processes (torchrun) each one runs
+    ``batchnorm_fp32`` keeps batch-norm layers in fp32 when the precision is fp16 or bf16 (False: the
+    whole network in 16 bits, for comparison). ``batch_size`` is the global batch: with several processes (torchrun) each one runs
     ``batch_size / world_size`` samples. ``input_size`` ``None`` means the size the network is built
     for (224 for ResNet-50, 299 for Inception v3, 520 for segmentation, ...).
     ``compile_options`` are keyword arguments of ``torch.compile`` (mode, options, fullgraph, dynamic,
@@ -48,6 +49,7 @@ class BenchmarkConfig:
     mode: str = "inference"
     precision: str = "fp32"
     channels_last: bool = False
+    batchnorm_fp32: bool = True
     compile: bool = False
     compile_options: dict[str, Any] | None = None
     input_size: int | None = None

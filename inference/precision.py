@@ -1,7 +1,10 @@
 """Number formats: how a precision is applied to a network, and how far its outputs are from fp32.
 
-``fp16`` and ``bf16`` store weights and activations in 16 bits (``model.to(dtype)``); ``amp`` keeps
-fp32 weights and lets ``torch.autocast`` run the matrix work in 16 bits (fp16 on a GPU, with a
+``fp16`` and ``bf16`` store weights and activations in 16 bits (``model.to(dtype)``), except the
+batch-norm layers, which keep fp32 parameters and statistics (the usual mixed-precision practice, and
+what the original benchmark did): cuDNN/MIOpen normalise 16-bit activations with fp32 statistics in
+their fast kernels, while an all-16-bit batch norm falls back to PyTorch's slower native kernels
+(see :func:`apply`, ``batchnorm_fp32``). ``amp`` keeps fp32 weights and lets ``torch.autocast`` run the matrix work in 16 bits (fp16 on a GPU, with a
 gradient scaler when training; bf16 on the CPU, whose autocast is made for it). ``fp32`` on a GPU
 uses TF32 for convolutions when PyTorch allows it (its default): the run records that setting.
 
@@ -70,6 +73,19 @@ def plan(precision: str, device: torch.device) -> PrecisionPlan:
         dtype = torch.float16 if on_gpu else torch.bfloat16
         return PrecisionPlan("amp", torch.float32, torch.float32, dtype, on_gpu)
     raise BenchmarkError(f"unknown precision {precision!r}: use fp32, fp16, bf16 or amp")
+
+
+def apply(model: torch.nn.Module, chosen: PrecisionPlan, batchnorm_fp32: bool = True) -> torch.nn.Module:
+    """Store ``model``'s weights in ``chosen.weight_dtype`` (in place; returns the model). With
+    ``batchnorm_fp32`` the batch-norm layers keep fp32 weights and running statistics."""
+    if chosen.weight_dtype == torch.float32:
+        return model
+    model.to(dtype=chosen.weight_dtype)
+    if batchnorm_fp32:
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.float()
+    return model
 
 
 def tf32_enabled(device: torch.device) -> dict[str, bool]:
@@ -173,7 +189,7 @@ def compare(reference: torch.Tensor, output: torch.Tensor, precision: str, class
 
 def compare_precisions(network: str, precisions: Sequence[str] = ("fp16", "bf16"), batch_size: int = 16,
                        device: str | None = None, channels_last: bool = False, input_size: int | None = None,
-                       seed: int = 0) -> list[AccuracyReport]:
+                       seed: int = 0, batchnorm_fp32: bool = True) -> list[AccuracyReport]:
     """The workshop's accuracy check: run ``network`` in fp32 and in each of ``precisions`` on the same
     weights and the same random batch (eval mode), and report how far each output is from fp32's."""
     spec = networks.get_spec(network)
@@ -190,7 +206,7 @@ def compare_precisions(network: str, precisions: Sequence[str] = ("fp16", "bf16"
     reports = []
     for name in precisions:
         chosen = plan(name, where)
-        candidate = copy.deepcopy(model).to(dtype=chosen.weight_dtype)
+        candidate = apply(copy.deepcopy(model), chosen, batchnorm_fp32)
         if channels_last:
             candidate.to(memory_format=torch.channels_last)
         inputs = networks.to_device(cpu_inputs, where, chosen.input_dtype, channels_last)

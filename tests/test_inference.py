@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
 import inference
@@ -169,6 +170,23 @@ def test_a_precision_without_kernels_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(networks, "forward", no_half_kernel)
     with pytest.raises(inference.BenchmarkError, match="fp16 is not supported on cpu.*try --precision bf16"):
         inference.run_benchmark(quick("squeezenet1_0", precision="fp16", input_size=64))
+
+
+def test_16_bit_runs_keep_batch_norms_in_fp32_unless_asked():
+    model = torchvision.models.resnet18(num_classes=10)
+    half = precision.plan("bf16", torch.device("cpu"))
+    precision.apply(model, half)
+    assert model.conv1.weight.dtype == torch.bfloat16 and model.fc.weight.dtype == torch.bfloat16
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(m.weight.dtype == m.running_var.dtype == torch.float32 for m in norms)
+    precision.apply(model, half, batchnorm_fp32=False)
+    assert all(m.weight.dtype == m.running_var.dtype == torch.bfloat16 for m in norms)
+    # Both variants are checked against fp32 before timing and say which one ran.
+    for keep in (True, False):
+        result = inference.run_benchmark(quick("resnet18", precision="bf16", mode="training", batchnorm_fp32=keep))
+        assert result.accuracy.passed and result.batchnorm_fp32 is keep
+        assert result.as_record()["batchnorm_fp32"] is keep
+    assert inference.run_benchmark(quick("resnet18")).batchnorm_fp32 is None  # fp32: nothing to keep
 
 
 def test_amp_on_cpu_uses_bf16_autocast():

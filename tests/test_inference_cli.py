@@ -68,6 +68,8 @@ def test_the_originals_flags_map_onto_the_config():
     assert config.compile_options == {"mode": "max-autotune", "fullgraph": True}
     assert config.mode == "inference"  # inference is the default
     assert config_from_args(parser.parse_args(["--network", "resnet50", "--amp"])).precision == "amp"
+    assert config.batchnorm_fp32
+    assert not config_from_args(parser.parse_args(["--network", "resnet50", "--fp16", "1", "--bn-16bit"])).batchnorm_fp32
 
 
 def test_list_prints_every_task_with_input_sizes(capsys):

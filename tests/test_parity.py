@@ -213,6 +213,19 @@ def test_switches_change_the_structure_they_name():
     assert not hasattr(fused.layers[0].attn, "causal_mask")  # SDPA needs no (seq x seq) mask
 
 
+@pytest.mark.parametrize("mode,marks", [("default", 0), ("reduce-overhead", 1), ("max-autotune", 1)])
+def test_cuda_graph_modes_start_a_new_step_at_each_forward(monkeypatch, mode, marks):
+    # CUDA graph trees must see one forward of the regionally compiled blocks as one step.
+    calls = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append(1))
+    model = build("v2", CONFIG, sdpa=True, compile=True, compile_mode=mode)
+    tokens = torch.randint(0, CONFIG.vocab_size, (1, 8))
+    with torch._dynamo.config.patch(disable=True):  # the blocks run eagerly: only the marks are tested
+        model(tokens)
+        model(tokens)
+    assert len(calls) == 2 * marks
+
+
 def test_unknown_compile_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="compile_mode.*default"):
         build("v2", CONFIG, compile=True, compile_mode="fastest")

@@ -236,8 +236,11 @@ def test_attention_through_sdpa_is_where_the_counters_differ():
     as_shipped = pflops.compare_counts(model, (tokens,), cpu_attention=False)
     rows = as_shipped.modules.set_index("module")
     missing = rows.loc["layers.0.attn", "deepspeed_2macs"] - rows.loc["layers.0.attn", "flop_counter"]
-    assert missing == attention_products
-    assert not as_shipped.agree and any("flash kernel" in note for note in as_shipped.notes)
+    if pflops.torch_counts_cpu_attention():  # torch >= 2.15 counts the CPU flash kernel itself
+        assert missing == 0 and as_shipped.agree
+    else:
+        assert missing == attention_products
+        assert not as_shipped.agree and any("flash kernel" in note for note in as_shipped.notes)
     fixed = pflops.compare_counts(model, (tokens,), cpu_attention=True)
     assert fixed.agree and fixed.flop_counter.cpu_attention == CONFIG.num_layers * attention_products
     # forward + backward: the backward recomputes the scores and does four more products (2.5x)

@@ -546,6 +546,10 @@ def _check_run(spec: RunSpec, config: Any, weights: dict[str, torch.Tensor], ref
     began = time.perf_counter()
     compiled = False
     try:
+        # A fresh compiler cache for each run (V4 compiles by default): the graphs, guards and
+        # recompile counts of earlier runs in this process must neither slow this one down nor push
+        # its blocks past torch.compile's recompile limit (beyond it, they would silently run eagerly).
+        torch._dynamo.reset()
         with device:
             model = build(spec.version, config, **spec.model_options)
         unwrap(model).load_state_dict(from_canonical(model, weights))

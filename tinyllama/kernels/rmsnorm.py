@@ -40,7 +40,11 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
 
 
 @autotune(_row_configs(), ["N"], _prune)
-@triton.jit(do_not_specialize=["M", "N"])  # one compiled kernel for every row count and width
+# M is not specialised: one compiled kernel serves every row count. N is: Triton then knows when the
+# width is a multiple of 16, so the masked loads of a row become wide vector loads. Without that hint
+# every element is loaded on its own, and a bf16 row takes as long as an fp32 one (measured on an
+# H200: 35% of the copy bandwidth instead of 71%).
+@triton.jit(do_not_specialize=["M"])
 def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -57,7 +61,7 @@ def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
 
 
 @autotune(_row_configs(), ["N"], _prune)
-@triton.jit(do_not_specialize=["M", "N", "num_programs"])
+@triton.jit(do_not_specialize=["M", "num_programs"])  # N specialised, as in the forward
 def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx, M, N, num_programs,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     pid = tl.program_id(0)

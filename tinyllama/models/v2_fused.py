@@ -30,6 +30,8 @@ from tinyllama.config import ModelConfig
 from tinyllama.models import v1_baseline as v1
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The modes that replay each compiled block as a CUDA (HIP) graph: one launch instead of dozens.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 # enable_gqa (torch >= 2.5) lets SDPA read each key/value head for its whole group of query heads
 # instead of copying it. Only the flash kernel implements it: for fp32 on a GPU (no flash kernel)
@@ -161,6 +163,15 @@ class TinyLlama(v1.TinyLlama):
             # graph compiled for the first serves the others. Parameter names are unchanged.
             for layer in self.layers:
                 layer.compile(mode=compile_mode)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.switches.compile and self.switches.compile_mode in CUDA_GRAPH_MODES:
+            # Each forward starts a new step for PyTorch's CUDA graph trees. Without this mark the
+            # blocks of one forward, compiled one by one, could be taken for separate steps when no
+            # backward is pending (evaluation), and each would overwrite the graph outputs that the
+            # next one reads. Consequence: a model's outputs are valid until its next forward.
+            torch.compiler.cudagraph_mark_step_begin()
+        return super().forward(input_ids)
 
     def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
         """Which parameters are V1 weights stacked along the output dimension, and in what order."""

@@ -17,8 +17,9 @@ Where they differ, and why (:func:`compare_counts` shows it module by module):
 3. Attention. Written out with ``@`` (TinyLLaMA V1) both see the two products q kᵀ and p v. Through
    ``F.scaled_dot_product_attention`` DeepSpeed counts them from the call's shapes, while
    ``FlopCounterMode`` needs a formula for the kernel PyTorch picked: it has them for the CUDA flash,
-   memory-efficient and cuDNN kernels but (as of torch 2.14) not for the CPU flash kernel, so on a CPU
-   it reports 0 attention FLOPs. ``count_flops(..., cpu_attention=True)`` adds that formula.
+   memory-efficient and cuDNN kernels, and for the CPU flash kernel only from torch 2.15 on: older
+   releases report 0 attention FLOPs on a CPU (:func:`torch_counts_cpu_attention` tells which).
+   ``count_flops(..., cpu_attention=True)`` supplies the formula either way.
 4. Both count the full seq x seq square even for causal attention, where a flash kernel skips about
    half of it: for a causal flash kernel these are model FLOPs, not executed FLOPs.
 5. DeepSpeed sees only calls that go through the functions it patches: operators called from
@@ -169,6 +170,15 @@ def _attention_backward_flops(q: Sequence[int], k: Sequence[int], v: Sequence[in
     for n in batch:
         heads *= n
     return 2 * heads * s_q * s_k * (3 * d + 2 * d_v)
+
+
+def torch_counts_cpu_attention() -> bool:
+    """Whether this torch's ``FlopCounterMode`` has its own formula for the CPU flash-attention kernel
+    (torch 2.15 and newer); without one it counts such attention as 0 FLOPs."""
+    from torch.utils.flop_counter import flop_registry
+
+    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return kernel is not None and (kernel in flop_registry or kernel.default in flop_registry)
 
 
 def cpu_attention_formulas(gpu_kernels: bool = False) -> dict[Any, Callable[..., int]]:
