@@ -34,10 +34,11 @@ class ConfigError(BenchmarkError, ValueError):
 class BenchmarkConfig:
     """One benchmark run.
 
-    ``batchnorm_fp32`` keeps batch-norm layers in fp32 when the precision is fp16 or bf16 (False: the
-    whole network in 16 bits, for comparison). ``batch_size`` is the global batch: with several processes (torchrun) each one runs
-    ``batch_size / world_size`` samples. ``input_size`` ``None`` means the size the network is built
-    for (224 for ResNet-50, 299 for Inception v3, 520 for segmentation, ...).
+    ``batchnorm_fp32`` keeps batch-norm layers in fp32 when the precision is fp16 or bf16 (False:
+    the whole network in 16 bits, for comparison). ``batch_size`` is the global batch: with several
+    processes (torchrun) each one runs ``batch_size / world_size`` samples. ``input_size`` ``None``
+    means the size the network is built for (224 for ResNet-50, 299 for Inception v3, 520 for
+    segmentation, ...).
     ``compile_options`` are keyword arguments of ``torch.compile`` (mode, options, fullgraph, dynamic,
     backend); ``None`` with ``compile=True`` means PyTorch's defaults.
     """

@@ -1,12 +1,13 @@
 """Number formats: how a precision is applied to a network, and how far its outputs are from fp32.
 
 ``fp16`` and ``bf16`` store weights and activations in 16 bits (``model.to(dtype)``), except the
-batch-norm layers, which keep fp32 parameters and statistics (the usual mixed-precision practice, and
-what the original benchmark did): cuDNN/MIOpen normalise 16-bit activations with fp32 statistics in
-their fast kernels, while an all-16-bit batch norm falls back to PyTorch's slower native kernels
-(see :func:`apply`, ``batchnorm_fp32``). ``amp`` keeps fp32 weights and lets ``torch.autocast`` run the matrix work in 16 bits (fp16 on a GPU, with a
-gradient scaler when training; bf16 on the CPU, whose autocast is made for it). ``fp32`` on a GPU
-uses TF32 for convolutions when PyTorch allows it (its default): the run records that setting.
+batch-norm layers, which keep fp32 parameters and statistics (the usual mixed-precision practice,
+and what the original benchmark did): cuDNN/MIOpen normalise 16-bit activations with fp32 statistics
+in their fast kernels, while an all-16-bit batch norm falls back to PyTorch's slower native kernels
+(see :func:`apply`, ``batchnorm_fp32``). ``amp`` keeps fp32 weights and lets ``torch.autocast`` run
+the matrix work in 16 bits (fp16 on a GPU, with a gradient scaler when training; bf16 on the CPU,
+whose autocast is made for it). ``fp32`` on a GPU uses TF32 for convolutions when PyTorch allows it
+(its default): the run records that setting.
 
 A lower precision is only worth timing once its outputs are shown close to fp32's on the same
 weights and inputs: :func:`compare` measures that.
