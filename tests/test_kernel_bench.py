@@ -12,8 +12,9 @@ SMALL = dict(dtypes=["fp32"], seq_lens=[5], preset="ci", batch_size=1, passes=["
              repeat=1, ceilings=FAKE_CEILINGS, progress=False)
 
 
-def test_rows_carry_time_throughput_and_the_check():
-    frame = bench.run_kernel_bench(kernels=["rmsnorm"], **SMALL)
+@pytest.mark.parametrize("kernel", ["rmsnorm", "rope", "swiglu"])
+def test_rows_carry_time_throughput_and_the_check(kernel):
+    frame = bench.run_kernel_bench(kernels=[kernel], **SMALL)
     assert set(frame["impl"]) == {"triton", "eager"} and set(frame["pass"]) == {"forward", "backward"}
     assert (frame["status"] == "ok").all()
     assert (frame["time_ms"] > 0).all() and (frame["achieved"] > 0).all()

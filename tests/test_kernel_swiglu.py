@@ -7,7 +7,7 @@ workshop's shapes (the medium model's feed-forward is 8192 tokens x 4096).
 import pytest
 import torch
 
-from tinyllama.kernels import KernelMismatch, swiglu, swiglu_reference
+from tinyllama.kernels import KernelMismatch, swiglu, swiglu_packed, swiglu_packed_reference, swiglu_reference
 from tinyllama.kernels._triton import compare_with_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,6 +46,21 @@ def test_halves_of_one_fused_projection_and_transposed_views():
     up_t = torch.randn(width, rows, generator=g).to(DEVICE).requires_grad_().t()
     grad_out = torch.randn(width, rows, generator=g).to(DEVICE).t()
     compare_with_reference(swiglu, swiglu_reference, [gate_t, up_t], ["gate", "up"], grad_out=grad_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_packed_halves_match_the_reference_and_return_one_gradient(dtype):
+    """``swiglu_packed`` on a fused (rows, 2 * width) projection output, width not a power of two:
+    output and gradient agree, and the gradient is one contiguous tensor (no concatenation copy)."""
+    rows, width = (333, 1000) if DEVICE == "cuda" else (7, 50)
+    g = torch.Generator().manual_seed(11)
+    gate_up = (2 * torch.randn(2, rows, 2 * width, generator=g)).to(DEVICE, dtype).requires_grad_()
+    errors = compare_with_reference(swiglu_packed, swiglu_packed_reference, [gate_up], ["gate_up"])
+    assert set(errors) == {"out", "dgate_up"}
+    grad = torch.autograd.grad(swiglu_packed(gate_up), gate_up, torch.ones(2, rows, width, device=DEVICE, dtype=dtype))[0]
+    assert grad.shape == gate_up.shape and grad.is_contiguous()
+    with pytest.raises(ValueError, match="even"):
+        swiglu_packed(torch.randn(3, 5, device=DEVICE))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # the interpreter's numpy

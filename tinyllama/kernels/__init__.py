@@ -3,7 +3,9 @@
 - ``rmsnorm(x, weight, eps)``: RMSNorm over the last dimension;
 - ``flash_attention(q, k, v, causal=True)``: FlashAttention-2 style attention with grouped-query
   heads, q of shape (batch, heads, seq, head_dim), k and v of shape (batch, kv_heads, seq, head_dim);
-- ``swiglu(gate, up)``: ``silu(gate) * up``.
+- ``swiglu(gate, up)``: ``silu(gate) * up``; ``swiglu_packed(gate_up)`` for gate and up side by side
+  in one tensor (a fused projection's output), whose gradient comes back as one tensor;
+- ``rope(x, cos, sin)``: rotary position embedding of x (batch, heads, seq, head_dim).
 
 Each module holds the kernels, their launchers, the autograd Function and a PyTorch reference.
 On a machine without a GPU they run through Triton's interpreter (slowly, but exactly).
@@ -32,10 +34,11 @@ except ImportError as _error:  # pragma: no cover - Triton is a dependency on Li
 from tinyllama.kernels._triton import INTERPRET, KernelMismatch, Tolerance, assert_close, relative_error
 from tinyllama.kernels.flash_attention import flash_attention, flash_attention_reference
 from tinyllama.kernels.rmsnorm import rmsnorm, rmsnorm_reference
-from tinyllama.kernels.swiglu import swiglu, swiglu_reference
+from tinyllama.kernels.rope import rope, rope_reference
+from tinyllama.kernels.swiglu import swiglu, swiglu_packed, swiglu_packed_reference, swiglu_reference
 
 __all__ = [
     "INTERPRET", "KernelMismatch", "Tolerance", "assert_close", "relative_error",
     "flash_attention", "flash_attention_reference", "rmsnorm", "rmsnorm_reference",
-    "swiglu", "swiglu_reference",
+    "rope", "rope_reference", "swiglu", "swiglu_packed", "swiglu_packed_reference", "swiglu_reference",
 ]

@@ -1,6 +1,6 @@
 """Each Triton kernel against PyTorch, correct first, then timed honestly.
 
-    python -m tinyllama.kernels.bench --kernels rmsnorm swiglu flash_attention \\
+    python -m tinyllama.kernels.bench --kernels rmsnorm rope swiglu flash_attention \\
         --dtypes fp32 bf16 --seq-lens 512 1024 2048 4096 --json kernels.json
 
 For every kernel, data type and sequence length (shapes from a model preset, ``medium`` by default):
@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from tinyllama import device as dev
 from tinyllama.ceilings import measure_copy_tbs, measure_matmul_tflops
 from tinyllama.config import ModelConfig, get_preset, make_config
-from tinyllama.kernels import flash_attention, flash_attention_reference, rmsnorm, rmsnorm_reference, swiglu
-from tinyllama.kernels import swiglu_reference
+from tinyllama.kernels import flash_attention, flash_attention_reference, rmsnorm, rmsnorm_reference, rope
+from tinyllama.kernels import rope_reference, swiglu, swiglu_reference
 from tinyllama.kernels._triton import KernelMismatch, Tolerance, compare_with_reference
 from tinyllama.models import v1_baseline as v1
 from tinyllama.timing import Stats, time_callable
 
-KERNELS = ("rmsnorm", "swiglu", "flash_attention")
+KERNELS = ("rmsnorm", "rope", "swiglu", "flash_attention")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PASSES = ("forward", "backward", "forward+backward")
 GPU_SEQ_LENS = (512, 1024, 2048, 4096)
@@ -88,6 +88,24 @@ def _rmsnorm_case(config: ModelConfig, batch: int, seq: int, dtype: torch.dtype,
 
     return KernelCase("rmsnorm", dtype, batch, seq, f"({batch * seq}, {hidden})", make, ["x", "weight"],
                       rmsnorm, rmsnorm_reference, {"eager": rmsnorm_reference}, work, "TB/s", {"eps": config.norm_eps})
+
+
+def _rope_case(config: ModelConfig, batch: int, seq: int, dtype: torch.dtype, device: torch.device) -> KernelCase:
+    heads, head_dim, size = config.num_heads, config.head_dim, dtype.itemsize
+    tables = v1.RotaryEmbedding(head_dim, max(seq, config.max_seq_len), config.rope_theta).to(device)
+
+    def make(b: int, seed: int) -> Inputs:
+        return [_randn((b, heads, seq, head_dim), dtype, device, seed)]
+
+    def work(pass_: str) -> float:
+        elements = batch * heads * seq * head_dim  # read x (or dy), write the result; tables stay in cache
+        return {"forward": 2 * elements * size, "backward": 2 * elements * size,
+                "forward+backward": 4 * elements * size}[pass_]
+
+    # The query of the medium model; the reference is V1's formula as the V1 model runs it.
+    return KernelCase("rope", dtype, batch, seq, f"({batch}, {heads}, {seq}, {head_dim})", make, ["x"], rope,
+                      rope_reference, {"eager": rope_reference}, work, "TB/s",
+                      {"cos": tables.cos, "sin": tables.sin})
 
 
 def _swiglu_case(config: ModelConfig, batch: int, seq: int, dtype: torch.dtype, device: torch.device) -> KernelCase:
@@ -153,7 +171,7 @@ def _sdpa(backend: str | None) -> Callable[..., torch.Tensor]:
     return run
 
 
-_CASES = {"rmsnorm": _rmsnorm_case, "swiglu": _swiglu_case, "flash_attention": _attention_case}
+_CASES = {"rmsnorm": _rmsnorm_case, "rope": _rope_case, "swiglu": _swiglu_case, "flash_attention": _attention_case}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,7 +203,10 @@ def _passes(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[tor
 
 def _graphed(run: Callable[[], None], device: torch.device) -> Callable[[], None] | None:
     """``run`` captured in a CUDA (or HIP) graph, or None where capture fails: a replay launches all
-    its kernels at once, so the time is the GPU's, not Python's launch overhead."""
+    its kernels at once, so the time is the GPU's, not Python's launch overhead. (Known failure: on
+    an H200 with torch 2.11 the very first backward captured in a process, the fp32 RMSNorm at seq
+    512, fails with "operation would make the legacy stream depend on a capturing blocking stream"
+    every time, while every later case captures; that row then says ``launches``.)"""
     if device.type != "cuda":
         return None
     try:

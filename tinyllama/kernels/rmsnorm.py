@@ -3,9 +3,14 @@
 Each program normalises ``BLOCK_M`` rows at once, a whole row in registers (``BLOCK_N`` is the
 hidden size rounded up to a power of two, the tail masked), accumulating in fp32 whatever the input
 type. The forward saves ``rstd = 1 / sqrt(mean(x^2) + eps)`` per row, so the backward does not
-recompute the reduction. The backward runs one program per few multiprocessors' worth of rows and
-sums its part of the weight gradient in registers; PyTorch adds the few partial sums at the end
-(no atomics, so the result is deterministic).
+recompute the reduction. The backward runs one program per multiprocessor; each streams through one
+contiguous run of rows, keeping the next blocks' loads in flight while it computes (``tl.range``
+with ``num_stages``), and sums its part of the weight gradient in registers; PyTorch adds the few
+partial sums at the end (no atomics, so the result is deterministic).
+
+Both kernels are autotuned per row count as well as width: the best tile for 8K rows is not the
+best for 64K (H200: a forward tuned at 8K rows ran at 71% of the copy bandwidth at 64K, against 97%
+tuned there).
 
 Backward, with ``xhat = x * rstd`` and ``g = dy * weight``:
 ``dx = rstd * (g - xhat * mean(g * xhat))`` and ``dweight = sum over rows of dy * xhat``.
@@ -17,7 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyllama.kernels._triton import autotune, check_tensors, configs, multiprocessor_count, rows_view
+from tinyllama.kernels._triton import (
+    autotune, check_tensors, configs, multiprocessor_count, pipeline_stages, rows_view,
+)
 
 # A row is held in registers; beyond this many elements it would spill (and a 64K-wide hidden
 # size is far beyond any model in the course).
@@ -27,8 +34,16 @@ MAX_HIDDEN = 65536
 def _row_configs() -> list[triton.Config]:
     # Rows per program x warps. Few candidates: each one is compiled and timed on first use.
     gpu = [triton.Config({"BLOCK_M": m}, num_warps=w)
-           for m, w in ((1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8))]
+           for m, w in ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8))]
     return configs(gpu, triton.Config({"BLOCK_M": 4}, num_warps=4))
+
+
+def _streaming_configs() -> list[triton.Config]:
+    # Rows per block x warps x blocks in flight (H200 sweep, 2026-11-22: deeper pipelines beat more
+    # programs per multiprocessor; AMD's pipeliner gets at most 2 stages, see pipeline_stages).
+    gpu = [triton.Config({"BLOCK_M": m, "STAGES": pipeline_stages(s)}, num_warps=w)
+           for m, w, s in ((8, 8, 3), (4, 4, 3), (4, 8, 3), (2, 4, 3), (1, 4, 3), (8, 16, 1), (4, 8, 2))]
+    return configs(gpu, triton.Config({"BLOCK_M": 4, "STAGES": 2}, num_warps=4))
 
 
 def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -39,7 +54,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[:1]
 
 
-@autotune(_row_configs(), ["N"], _prune)
+@autotune(_row_configs(), ["N", "M"], _prune)
 # M is not specialised: one compiled kernel serves every row count. N is: Triton then knows when the
 # width is a multiple of 16, so the masked loads of a row become wide vector loads. Without that hint
 # every element is loaded on its own, and a bf16 row takes as long as an fp32 one (H200, medium
@@ -60,17 +75,22 @@ def _rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
 
-@autotune(_row_configs(), ["N"], _prune)
+@autotune(_streaming_configs(), ["N", "M"], _prune)
 @triton.jit(do_not_specialize=["M", "num_programs"])  # N specialised, as in the forward
 def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx, M, N, num_programs,
-                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # Blocks of rows pid, pid + num_programs, ...: every program streams through its share.
-    for block in range(pid, tl.cdiv(M, BLOCK_M), num_programs):
+    # One contiguous run of row blocks per program (a program past the end gets none). tl.range with
+    # num_stages loads the next blocks while this one is computed: without it each program waits
+    # for every load, and a bf16 backward reached only 54-63% of the copy bandwidth (H200).
+    blocks = tl.cdiv(M, BLOCK_M)
+    per_program = tl.cdiv(blocks, num_programs)
+    first = pid * per_program
+    for block in tl.range(first, tl.minimum(first + per_program, blocks), num_stages=STAGES):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
@@ -126,8 +146,8 @@ def rmsnorm_backward(
     dy_rows, x_rows = rows_view(dy), rows_view(x)
     M, N = x_rows.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    # Enough programs to fill the GPU a few times over; each sums its rows' part of dweight.
-    num_programs = max(1, min(M, 4 * multiprocessor_count(x.device)))
+    # One program per multiprocessor; each sums its rows' part of dweight.
+    num_programs = max(1, min(M, multiprocessor_count(x.device)))
     partial = torch.empty((num_programs, N), dtype=torch.float32, device=x.device)
     if M:
         _rmsnorm_bwd_kernel[(num_programs,)](

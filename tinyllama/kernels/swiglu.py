@@ -6,6 +6,9 @@ here the forward reads ``gate`` and ``up`` once and writes ``out`` once, and the
 Arithmetic is fp32 whatever the storage type.
 
 With ``s = sigmoid(gate)``: ``d gate = dout * up * s * (1 + gate * (1 - s))``, ``d up = dout * gate * s``.
+
+``swiglu_packed(gate_up)`` takes gate and up side by side in one tensor, as a fused gate/up
+projection makes them, and returns its gradient as one tensor too (no concatenation in the backward).
 """
 
 from __future__ import annotations
@@ -89,14 +92,21 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out.view(gate.shape)
 
 
-def swiglu_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(d gate, d up)`` for the upstream gradient ``dout``."""
+def swiglu_backward(
+    dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+    grads: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d gate, d up)`` for the upstream gradient ``dout``. ``grads``, if given, are two (rows, width)
+    tensors with unit last stride to write into (for example the halves of one fused gradient)."""
     _check(gate, up)
     check_tensors("swiglu backward", dout, gate)
     do, g, u = rows_view(dout), rows_view(gate), rows_view(up)
     M, N = g.shape
-    dg = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
-    du = torch.empty_like(dg)
+    if grads is None:
+        dg = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
+        du = torch.empty_like(dg)
+    else:
+        dg, du = grads
     if dg.numel():
         _swiglu_bwd_kernel[_grid(M, N)](do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0),
                                         dg.stride(0), du.stride(0), M, N)
@@ -121,6 +131,40 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` elementwise, differentiable in both; ``gate`` and ``up`` may be any views
     (for example the two halves of one fused projection) of the same shape."""
     return SwiGLUFunction.apply(gate, up)
+
+
+class SwiGLUPackedFunction(torch.autograd.Function):
+    """``swiglu`` of the two halves of one tensor, whose gradient is written as one tensor: the
+    backward kernel stores both halves' gradients into it, where autograd would otherwise allocate
+    ``d gate`` and ``d up`` and then copy both into a concatenation for the fused projection."""
+
+    @staticmethod
+    def forward(ctx, gate_up):  # type: ignore[override]
+        ctx.save_for_backward(gate_up)
+        return swiglu_forward(*gate_up.chunk(2, dim=-1))
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        (gate_up,) = ctx.saved_tensors
+        width = gate_up.shape[-1] // 2
+        grad = torch.empty((dout.numel() // max(width, 1), 2 * width), dtype=gate_up.dtype, device=gate_up.device)
+        swiglu_backward(dout, *gate_up.chunk(2, dim=-1), grads=(grad[:, :width], grad[:, width:]))
+        return grad.view(gate_up.shape)
+
+
+def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate`` and ``up`` are the first and second half of the last
+    dimension of ``gate_up`` (the output of a fused gate/up projection), differentiable."""
+    if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
+        raise ValueError(f"swiglu_packed: the last dimension of {tuple(gate_up.shape)} must be even "
+                         "(gate and up side by side)")
+    return SwiGLUPackedFunction.apply(gate_up)
+
+
+def swiglu_packed_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """``swiglu_packed`` in plain PyTorch (V2's formula)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

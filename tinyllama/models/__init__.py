@@ -30,8 +30,8 @@ VERSIONS: tuple[str, ...] = tuple(_REGISTRY)
 DESCRIPTIONS: dict[str, str] = {
     "v1": "plain PyTorch baseline: separate projections, explicit mask and softmax",
     "v2": "fused QKV and gate/up projections; SDPA and torch.compile behind switches",
-    "v3": "Triton kernels with backward: RMSNorm, flash attention (GQA by index), SwiGLU; stage=1/2 are "
-          "the debugging exercise's broken init and non-contiguous inputs",
+    "v3": "V2's fused projections with Triton kernels (forward and backward): RMSNorm, RoPE, flash attention "
+          "(GQA by index), SwiGLU; stage=1/2 are the debugging exercise's broken init and non-contiguous inputs",
     "v4": "PyTorch SDPA + fused projections + torch.compile, trained in bf16 with fused AdamW",
 }
 

@@ -58,6 +58,8 @@ class RotaryEmbedding(nn.Module):
 class Attention(nn.Module):
     """Causal grouped-query self-attention with an explicit mask and softmax."""
 
+    rope_class: type[nn.Module] = RotaryEmbedding
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads = config.num_heads
@@ -67,7 +69,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_dim, config.kv_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_dim, config.kv_dim, bias=False)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_dim, bias=False)
-        self.rope = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.rope = self.rope_class(config.head_dim, config.max_seq_len, config.rope_theta)
         mask = torch.tril(torch.ones(config.max_seq_len, config.max_seq_len, dtype=torch.bool))
         self.register_buffer("causal_mask", mask, persistent=False)
 

@@ -175,12 +175,19 @@ class TinyLlama(v1.TinyLlama):
 
     def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
         """Which parameters are V1 weights stacked along the output dimension, and in what order."""
-        c = self.config
-        spec: dict[str, list[tuple[str, int]]] = {}
-        if self.switches.fuse_qkv:
-            spec["attn.qkv_proj.weight"] = [("attn.q_proj.weight", c.num_heads * c.head_dim),
-                                            ("attn.k_proj.weight", c.kv_dim), ("attn.v_proj.weight", c.kv_dim)]
-        if self.switches.fuse_gate_up:
-            spec["mlp.gate_up_proj.weight"] = [("mlp.gate_proj.weight", c.intermediate_dim),
-                                               ("mlp.up_proj.weight", c.intermediate_dim)]
-        return spec
+        return fused_weight_spec(self.config, self.switches.fuse_qkv, self.switches.fuse_gate_up)
+
+
+def fused_weight_spec(config: ModelConfig, fuse_qkv: bool = True,
+                      fuse_gate_up: bool = True) -> dict[str, list[tuple[str, int]]]:
+    """The fused parameters of a model built from ``FusedAttention`` / ``FusedFeedForward`` (name
+    suffix -> the V1 weights stacked in it and their row counts), read by ``tinyllama.models.weights``."""
+    c = config
+    spec: dict[str, list[tuple[str, int]]] = {}
+    if fuse_qkv:
+        spec["attn.qkv_proj.weight"] = [("attn.q_proj.weight", c.num_heads * c.head_dim),
+                                        ("attn.k_proj.weight", c.kv_dim), ("attn.v_proj.weight", c.kv_dim)]
+    if fuse_gate_up:
+        spec["mlp.gate_up_proj.weight"] = [("mlp.gate_proj.weight", c.intermediate_dim),
+                                           ("mlp.up_proj.weight", c.intermediate_dim)]
+    return spec

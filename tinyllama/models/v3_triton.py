@@ -1,14 +1,19 @@
-"""TinyLLaMA V3: V1 with its three memory-bound pieces replaced by Triton kernels.
+"""TinyLLaMA V3: V2 (fused projections) with its memory-bound pieces replaced by Triton kernels.
 
 - RMSNorm: one read and one write per norm (``tinyllama.kernels.rmsnorm``) instead of PyTorch's
   half-dozen elementwise kernels; under autocast it writes the 16-bit result the next matmul needs.
+- Rotary embedding: one read and one write of q and k (``tinyllama.kernels.rope``) instead of the
+  casts, ``cat``, ``neg``, products and sum of V1's formula.
 - Attention: flash attention (``tinyllama.kernels.flash_attention``): the (seq x seq) scores never
   reach memory, and key/value heads are shared by index instead of copied.
-- SwiGLU: ``silu(gate) * up`` in one kernel forward and one backward (``tinyllama.kernels.swiglu``).
+- SwiGLU: ``silu(gate) * up`` in one kernel forward and one backward, reading gate and up side by
+  side from the fused projection and writing their gradient as one tensor
+  (``tinyllama.kernels.swiglu_packed``).
 
-Matrix multiplies stay with PyTorch (cuBLAS / hipBLASLt are already near the hardware's limit).
-Parameter names are V1's, so V1's weights load unchanged and give the same logits and gradients
-(``tests/test_parity.py``, ``tests/test_v3.py``). Every kernel has a backward: every parameter trains.
+Matrix multiplies stay with PyTorch (cuBLAS / hipBLASLt are already near the hardware's limit), in
+V2's fused form: one QKV and one gate/up projection. V1's weights load through ``transfer_weights``
+(the fused weights are V1's stacked) and give the same logits and gradients (``tests/test_parity.py``,
+``tests/test_v3.py``). Every kernel has a backward: every parameter trains.
 
 The performance-debugging exercise of the original workshop lives here as ``stage``:
 
@@ -32,6 +37,7 @@ from torch import nn
 from tinyllama import kernels
 from tinyllama.config import ModelConfig
 from tinyllama.models import v1_baseline as v1
+from tinyllama.models import v2_fused as v2
 
 STAGES = {1: "broken weight initialisation (N(0, 1))", 2: "non-contiguous tensors fed to the kernels",
           3: "fixed"}
@@ -53,23 +59,35 @@ class RMSNorm(v1.RMSNorm):
         return kernels.rmsnorm(x, self.weight, self.eps, out_dtype=_autocast_dtype(x))
 
 
-class Attention(v1.Attention):
-    """V1's attention with the explicit mask and softmax replaced by flash attention. The output is
-    stored (batch, seq, heads, head_dim), so V1's merge of the heads before ``o_proj`` is a view."""
+class RotaryEmbedding(v1.RotaryEmbedding):
+    """V1's rotary embedding through the Triton kernel (V1's fp32 tables, fp32 arithmetic)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.rope(x, self.cos, self.sin)
+
+
+class Attention(v2.FusedAttention):
+    """V2's attention (one QKV projection) with Triton RoPE and flash attention. The output is
+    stored (batch, seq, heads, head_dim), so the merge of the heads before ``o_proj`` is a view."""
+
+    rope_class = RotaryEmbedding
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
+        super().__init__(config, fuse_qkv=True, sdpa=False)
         del self.causal_mask  # the kernel masks by index; no (seq x seq) mask in memory
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return kernels.flash_attention(q, k, v, causal=True)
 
 
-class FeedForward(v1.FeedForward):
-    """V1's SwiGLU feed-forward with the activation and product in one Triton kernel."""
+class FeedForward(v2.FusedFeedForward):
+    """V2's feed-forward (one gate/up projection) with the activation and product in one Triton kernel."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, fuse_gate_up=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(kernels.swiglu_packed(self.gate_up_proj(x)))
 
 
 class Block(v1.Block):
@@ -106,6 +124,10 @@ class TinyLlama(v1.TinyLlama):
             for module in self.modules():
                 if type(module) is nn.Linear:
                     module.__class__ = ColumnMajorLinear  # same parameters, transposed outputs
+
+    def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
+        """V2's fused QKV and gate/up weights: V1's stacked (see ``tinyllama.models.weights``)."""
+        return v2.fused_weight_spec(self.config)
 
     def extra_repr(self) -> str:
         return f"stage={self.stage} ({STAGES[self.stage]})"

@@ -1,0 +1,64 @@
+"""The CUDA-graph training step: refused where it cannot work, and on a GPU the same training as
+the eager step (same losses, same weights) while the batch changes from step to step."""
+
+import pytest
+import torch
+
+from tinyllama import bench
+from tinyllama.config import get_preset
+from tinyllama.models import build, transfer_weights
+
+GPU = torch.cuda.is_available()
+
+
+def _tiny(version="v1", **options):
+    torch.manual_seed(0)
+    return build(version, get_preset("ci").model, **options)
+
+
+@pytest.mark.skipif(GPU, reason="checks the message on a machine without a GPU")
+def test_refused_without_a_gpu():
+    with pytest.raises(ValueError, match="needs a GPU"):
+        bench.GraphedTrainingStep(_tiny(), "fp32", "cpu")
+
+
+def test_refused_for_fp16_and_compiled_models_and_short_warmups():
+    device = "cuda" if GPU else "cpu"
+    if GPU:
+        with pytest.raises(ValueError, match="fp16"):
+            bench.GraphedTrainingStep(_tiny().to(device), "fp16", device)
+        with pytest.raises(ValueError, match="reduce-overhead"):
+            bench.GraphedTrainingStep(_tiny("v4").to(device), "bf16", device)
+    else:  # the compiled-model check itself, without a GPU
+        assert bench._is_compiled(_tiny("v4")) and not bench._is_compiled(_tiny("v3"))
+    with pytest.raises(ValueError, match="warmup_steps >= 3"):
+        bench.run_benchmark("v1", "ci", warmup_steps=1, num_steps=1, cuda_graph=True, device=device, progress=False)
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("version,precision", [("v1", "fp32"), ("v3", "bf16")])
+def test_graphed_steps_train_like_eager_steps(version, precision):
+    config = get_preset("ci").model
+    eager_model = _tiny(version).cuda()
+    graph_model = transfer_weights(eager_model, _tiny(version).cuda())
+    batches = bench.make_batches(config, 2, 32, count=3, seed=1, device="cuda")
+    eager = bench.TrainingStep(eager_model, precision, "cuda", fused_optimizer=True)
+    graphed = bench.GraphedTrainingStep(graph_model, precision, "cuda", fused_optimizer=True)
+    losses = []
+    for i in range(7):  # 3 eager steps, then capture, then replays on changing batches
+        batch = batches[i % len(batches)]
+        losses.append((eager(*batch).item(), graphed(*batch).item()))
+    assert graphed._graphs is not None
+    for step, (a, b) in enumerate(losses):
+        assert abs(a - b) <= 1e-4 * abs(a), f"step {step}: eager loss {a}, graphed {b}"
+    assert len({round(a, 6) for a, _ in losses[3:]}) > 1  # the batches really differed
+    for (name, p), q in zip(eager_model.named_parameters(), graph_model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
+def test_run_benchmark_records_graph_mode():
+    result = bench.run_benchmark("v3", "ci", precision="bf16", num_steps=3, warmup_steps=3, cuda_graph=True,
+                                 progress=False)
+    assert result.cuda_graph and result.to_dict()["cuda_graph"] is True
+    assert result.forward_ms.median > 0 and result.backward_ms.median > 0 and result.optimizer_ms.median > 0
