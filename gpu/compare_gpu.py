@@ -5,7 +5,8 @@
 1. measures this GPU's matmul ceilings (bf16 and fp32, 8192^3, tinyllama.ceilings);
 2. runs ``tinyllama.compare`` at the medium preset (hidden 1024, 12 layers, batch 16 x 512): V1 fp32,
    V2's fusions one at a time in fp32 and in bf16 (with an unfused V2 as the control), V2 + SDPA,
-   V2 + SDPA + compile, V4 bf16, and V4 with CUDA graphs (compile mode reduce-overhead). Every run
+   V2 + SDPA + compile, V4 bf16, V4 with CUDA graphs per compiled block (compile mode
+   reduce-overhead) and V4 with the whole training step replayed from CUDA graphs. Every run
    gets V1's weights and is checked against V1 (loss, logits, every gradient) before it is timed;
    the profiler counts GEMM launches per step;
 3. profiles V4's training step (top kernels and operators, time by kind of kernel);
@@ -36,6 +37,7 @@ from tinyllama.ceilings import measure_matmul_tflops  # noqa: E402
 
 V4 = "v4:bf16"
 V4_GRAPHS = "v4[compile_mode=reduce-overhead]:bf16"
+V4_STEP_GRAPH = "v4[cuda_graph=1]:bf16"  # the whole training step, optimizer included, in CUDA graphs
 V1 = "v1:fp32"
 FUSIONS = {  # name -> V2 switches; "none" is the control that every fusion is measured against
     "none": "fuse_qkv=0,fuse_gate_up=0",
@@ -56,8 +58,9 @@ def default_runs() -> list[str]:
         if precision == "bf16":
             runs.append("v1:bf16")
         runs += [fusion_label(name, precision) for name in FUSIONS]
-    # V4 as it is, then the same with each compiled block replayed as a CUDA graph (launch overhead)
-    return runs + ["v2[sdpa=1]:bf16", "v2[sdpa=1,compile=1]:bf16", V4, V4_GRAPHS]
+    # V4 as it is, then with each compiled block replayed as a CUDA graph (compile's own), then with
+    # the whole step replayed from graphs (tinyllama.bench.GraphedTrainingStep): launch overhead
+    return runs + ["v2[sdpa=1]:bf16", "v2[sdpa=1,compile=1]:bf16", V4, V4_GRAPHS, V4_STEP_GRAPH]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,13 +107,17 @@ def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's performance targets, each with the measured value and met / not met."""
     v1, v4 = _row(record, V1), _row(record, V4)
     out = []
-    if v1 and v4:
-        ratio = v4["step_ms_median"] / v1["step_ms_median"]
-        out.append({"target": "V4 bf16 step time <= 1/10 of V1 fp32's", "measured":
-                    f"{v4['step_ms_median']:.1f} ms vs {v1['step_ms_median']:.1f} ms = 1/{1 / ratio:.1f}",
-                    "met": ratio <= 0.1})
-    else:
-        out.append({"target": "V4 bf16 step time <= 1/10 of V1 fp32's", "measured": "V1 or V4 not timed", "met": False})
+    for label, name in ((V4, "V4 bf16"), (V4_STEP_GRAPH, "V4 bf16, whole step in CUDA graphs,")):
+        run = _row(record, label)
+        target = f"{name} step time <= 1/10 of V1 fp32's"
+        if label != V4 and not any(r["label"] == label for r in record["runs"]):
+            continue  # the whole-step graph run is optional (not on the CPU)
+        if v1 and run:
+            ratio = run["step_ms_median"] / v1["step_ms_median"]
+            out.append({"target": target, "met": ratio <= 0.1, "measured":
+                        f"{run['step_ms_median']:.1f} ms vs {v1['step_ms_median']:.1f} ms = 1/{1 / ratio:.2f}"})
+        else:
+            out.append({"target": target, "measured": f"{V1} or {label} not timed", "met": False})
     mfu = v4.get("mfu_measured") if v4 else None
     if mfu is None:
         measured = "n/a (V4 not timed or no ceiling)"

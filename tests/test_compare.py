@@ -5,6 +5,7 @@ import json
 
 import matplotlib
 import pytest
+import torch
 
 matplotlib.use("Agg")
 
@@ -40,6 +41,21 @@ def test_run_specs_read_version_switches_and_precision():
     assert cmp.parse_run(spec.label) == spec
     assert cmp.parse_run("v4").precision == "bf16"  # V4's preferred precision
     assert cmp.parse_run("v1").precision == "fp32"
+
+
+def test_cuda_graph_is_a_switch_of_the_run_not_of_the_model():
+    spec = cmp.parse_run("v4[compile_mode=default,cuda_graph=1]")
+    assert spec.cuda_graph and spec.model_options == {"compile_mode": "default"}
+    assert spec.label == "v4[compile_mode=default,cuda_graph=1]:bf16" and cmp.parse_run(spec.label) == spec
+    assert cmp.parse_run("v1[cuda_graph=1]:fp32").model_options == {}  # V1 has no switches, yet takes this one
+    assert not cmp.parse_run("v1[cuda_graph=0]").cuda_graph and not cmp.parse_run("v1").cuda_graph
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_graph_runs_are_refused_on_the_cpu_before_anything_runs(capsys):
+    with pytest.raises(ValueError, match="v4\\[cuda_graph=1\\]:bf16: cuda_graph=1 needs a GPU"):
+        cmp.compare(["v1:fp32", "v4[cuda_graph=1]"], "ci", device="cpu", progress=True)
+    assert "reference" not in capsys.readouterr().out  # refused before V1 was even built
 
 
 @pytest.mark.parametrize("text,message", [
@@ -261,7 +277,8 @@ def test_gpu_script_runs_are_valid_and_it_judges_a_record(result):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     labels = [s.label for s in cmp.expand_runs(script.default_runs())]
-    assert labels[0] == "v1:fp32" and labels[-2:] == ["v4:bf16", "v4[compile_mode=reduce-overhead]:bf16"]
+    assert labels[0] == "v1:fp32" and labels[-3:] == ["v4:bf16", "v4[compile_mode=reduce-overhead]:bf16",
+                                                  "v4[cuda_graph=1]:bf16"]
     assert "v2[fuse_qkv=0,fuse_gate_up=1]:bf16" in labels
 
     record = copy.deepcopy(result.record)

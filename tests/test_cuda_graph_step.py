@@ -22,21 +22,23 @@ def test_refused_without_a_gpu():
         bench.GraphedTrainingStep(_tiny(), "fp32", "cpu")
 
 
-def test_refused_for_fp16_and_compiled_models_and_short_warmups():
+def test_refused_for_fp16_and_self_graphing_compile_modes_and_short_warmups():
     device = "cuda" if GPU else "cpu"
     if GPU:
         with pytest.raises(ValueError, match="fp16"):
             bench.GraphedTrainingStep(_tiny().to(device), "fp16", device)
         with pytest.raises(ValueError, match="reduce-overhead"):
-            bench.GraphedTrainingStep(_tiny("v4").to(device), "bf16", device)
-    else:  # the compiled-model check itself, without a GPU
-        assert bench._is_compiled(_tiny("v4")) and not bench._is_compiled(_tiny("v3"))
+            bench.GraphedTrainingStep(_tiny("v4", compile_mode="reduce-overhead").to(device), "bf16", device)
+    else:  # the check itself, without a GPU: V4 as shipped can be captured, with its own graphs not
+        assert bench._captures_own_graphs(_tiny("v4", compile_mode="reduce-overhead"))
+        assert bench._captures_own_graphs(_tiny("v2", compile=True, compile_mode="max-autotune"))
+        assert not bench._captures_own_graphs(_tiny("v4")) and not bench._captures_own_graphs(_tiny("v3"))
     with pytest.raises(ValueError, match="warmup_steps >= 3"):
         bench.run_benchmark("v1", "ci", warmup_steps=1, num_steps=1, cuda_graph=True, device=device, progress=False)
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("version,precision", [("v1", "fp32"), ("v3", "bf16")])
+@pytest.mark.parametrize("version,precision", [("v1", "fp32"), ("v3", "bf16"), ("v4", "bf16")])
 def test_graphed_steps_train_like_eager_steps(version, precision):
     config = get_preset("ci").model
     eager_model = _tiny(version).cuda()

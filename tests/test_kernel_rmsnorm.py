@@ -51,6 +51,32 @@ def test_non_contiguous_inputs_and_gradients():
         compare_with_reference(rmsnorm, rmsnorm_reference, [x, weight], ["x", "weight"], grad_out=grad_out)
 
 
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def _weight_gradient(lead, hidden, seed):
+    x, weight = _inputs(lead, hidden, torch.float32, seed)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
+    rmsnorm(x, weight).backward(dy)
+    return weight.grad
+
+
+@pytest.mark.parametrize("lead,hidden", [SHAPES[0], SHAPES[-1]])
+def test_deterministic_mode_sums_the_weight_gradient_in_a_fixed_order(lead, hidden, deterministic):
+    """Under torch.use_deterministic_algorithms the programs' partial sums are added by PyTorch in a
+    fixed order (no atomics): the same inputs give bit-identical weight gradients, equal to the
+    atomic path's up to rounding."""
+    first, second = _weight_gradient(lead, hidden, 5), _weight_gradient(lead, hidden, 5)
+    assert torch.equal(first, second)
+    torch.use_deterministic_algorithms(False)
+    atomic = _weight_gradient(lead, hidden, 5)
+    assert relative_error(atomic, first) < 1e-5
+
+
 def test_rstd_is_the_reciprocal_root_mean_square():
     x, weight = _inputs((3,), 257, torch.float32, seed=2)
     _, rstd = rmsnorm_forward(x.detach(), weight.detach(), eps=1e-5)

@@ -31,6 +31,7 @@ from tinyllama import flops as model_flops
 from tinyllama.checks import CorrectnessError, check_every_parameter_trained
 from tinyllama.config import ModelConfig, get_preset, make_config
 from tinyllama.models import VERSIONS, build, lm_loss
+from tinyllama.models.v2_fused import CUDA_GRAPH_MODES
 from tinyllama.timing import PhaseTimer, Stats, summarize
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -174,10 +175,11 @@ class TrainingStep:
         return loss.detach()
 
 
-def _is_compiled(model: nn.Module) -> bool:
-    """Whether ``model`` or one of its modules runs through ``torch.compile``."""
-    return any(getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod")
-               for m in model.modules())
+def _captures_own_graphs(model: nn.Module) -> bool:
+    """Whether ``model`` is compiled in a mode that replays CUDA graphs of its own (reduce-overhead,
+    max-autotune): graphs that cannot be captured again inside another graph."""
+    switches = getattr(getattr(model, "_orig_mod", model), "switches", None)
+    return bool(switches is not None and switches.compile and switches.compile_mode in CUDA_GRAPH_MODES)
 
 
 class GraphedTrainingStep(TrainingStep):
@@ -190,9 +192,13 @@ class GraphedTrainingStep(TrainingStep):
     The whole step is captured, optimizer included, so gradients never outlive a step: the known
     hazard of graphed backwards, gradient accumulation into buffers a replay overwrites, cannot
     arise. Three graphs instead of one keep the forward / backward / optimizer split of the timing.
-    Requirements: a GPU, fixed batch shapes, no host synchronisation inside the step, an eager model
-    (a compiled one has its own graphs: ``compile_mode="reduce-overhead"``), and not fp16 (its
-    gradient scaler decides on the host whether to skip a step).
+    A compiled model (V4) is captured too: after the eager steps its kernels are compiled, and
+    Inductor's kernels are ordinary launches a graph records. Then the optimizer and the gaps
+    between the compiled blocks are replayed as well, which ``compile_mode="reduce-overhead"`` (one
+    graph per block, forward and backward) leaves to Python.
+    Requirements: a GPU, fixed batch shapes, no host synchronisation inside the step, a model not
+    compiled in a mode with CUDA graphs of its own, and not fp16 (its gradient scaler decides on the
+    host whether to skip a step).
     """
 
     EAGER_STEPS = 3  # autotuning, cuBLAS workspaces and the allocator settle before capture
@@ -205,9 +211,9 @@ class GraphedTrainingStep(TrainingStep):
         if precision == "fp16":
             raise ValueError("cuda_graph does not support fp16: its gradient scaler checks for overflow on the "
                              "host every step; use bf16")
-        if _is_compiled(model):
-            raise ValueError("cuda_graph is for eager models; a compiled model captures its own graphs with "
-                             "compile_mode='reduce-overhead'")
+        if _captures_own_graphs(model):
+            raise ValueError("cuda_graph cannot capture a model compiled with compile_mode='reduce-overhead' or "
+                             "'max-autotune' (their own CUDA graphs); use compile_mode='default'")
         super().__init__(model, precision, device, lr, fused_optimizer, capturable=True)
         self.eager_steps_done = 0
         self._graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from tinyllama import device as dev
-from tinyllama.bench import (PRECISIONS, BenchmarkError, TrainingStep, add_problem_size_arguments, autocast_context,
+from tinyllama.bench import (PRECISIONS, BenchmarkError, GraphedTrainingStep, TrainingStep, add_problem_size_arguments, autocast_context,
                              make_batches, parse_option, resolve_config, run_benchmark, set_matmul_precision,
                              shape_overrides)
 from tinyllama.checks import CorrectnessError, parameters_without_gradient
@@ -62,6 +62,10 @@ RUN_SETS: dict[str, list[str]] = {
 _SPEC = re.compile(r"^(?P<version>[A-Za-z0-9_.-]+)(?:\[(?P<options>[^\]]*)\])?(?::(?P<precision>[A-Za-z0-9]+))?$")
 
 
+# Switches of the run rather than of the model: any version takes them.
+RUN_SWITCHES = ("cuda_graph",)  # 1: replay each training step from CUDA graphs (tinyllama.bench)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run of a comparison: a version, its switches and a precision."""
@@ -78,7 +82,13 @@ class RunSpec:
 
     @property
     def model_options(self) -> dict[str, Any]:
-        return dict(self.options)
+        """The switches passed to the model's constructor."""
+        return {k: v for k, v in self.options if k not in RUN_SWITCHES}
+
+    @property
+    def cuda_graph(self) -> bool:
+        """Whether the run's training steps are replayed from CUDA graphs."""
+        return bool(dict(self.options).get("cuda_graph", False))
 
 
 def _format_value(value: Any) -> str:
@@ -97,7 +107,7 @@ def parse_run(text: str) -> RunSpec:
     cls = model_class(version)
     options = tuple(parse_option(o.strip()) for o in (match["options"] or "").split(",") if o.strip())
     allowed = [name for name, p in inspect.signature(cls.__init__).parameters.items()
-               if p.kind == p.KEYWORD_ONLY]
+               if p.kind == p.KEYWORD_ONLY] + list(RUN_SWITCHES)
     for key, _ in options:
         if key not in allowed:
             choices = ", ".join(allowed) if allowed else "none"
@@ -475,9 +485,15 @@ def compare(
     (else the first V1 run, else the first run).
     """
     specs = expand_runs(runs)
+    device = dev.get_device(None if device is None else str(device))
+    graphed = [s.label for s in specs if s.cuda_graph]
+    if graphed and device.type != "cuda":
+        raise ValueError(f"{', '.join(graphed)}: cuda_graph=1 needs a GPU (CUDA or ROCm); drop it on the CPU")
+    if graphed and warmup_steps < GraphedTrainingStep.EAGER_STEPS:
+        raise ValueError(f"cuda_graph=1 captures after {GraphedTrainingStep.EAGER_STEPS} eager steps: "
+                         f"use warmup_steps >= {GraphedTrainingStep.EAGER_STEPS}")
     profile_labels = {parse_run(r).label if isinstance(r, str) else r.label for r in profile_runs}
     config, batch_size, seq_len = resolve_config(preset, batch_size, seq_len, **config_overrides)
-    device = dev.get_device(None if device is None else str(device))
     overrides = {k: v for k, v in config_overrides.items() if v is not None}
     batches = make_batches(config, batch_size, seq_len, count=4, seed=seed, device=device)
     # The check uses a batch that no run trains on: fresh random inputs.
@@ -542,7 +558,7 @@ def _check_run(spec: RunSpec, config: Any, weights: dict[str, torch.Tensor], ref
                device: torch.device, progress: bool) -> tuple[dict[str, Any], nn.Module | None]:
     """Build the run's model with V1's weights and check it; the model is ``None`` if it failed."""
     row: dict[str, Any] = {"label": spec.label, "version": spec.version, "precision": spec.precision,
-                           "options": spec.model_options}
+                           "options": dict(spec.options)}
     began = time.perf_counter()
     compiled = False
     try:
@@ -593,7 +609,8 @@ def _time_run(spec: RunSpec, model: nn.Module, preset: str, batch_size: int, seq
     result = run_benchmark(
         spec.label, preset, batch_size=batch_size, seq_len=seq_len, precision=spec.precision,
         num_steps=num_steps, warmup_steps=warmup_steps, seed=seed, device=device,
-        model_options=spec.model_options, model=model, batches=batches, progress=progress, **overrides,
+        model_options=spec.model_options, model=model, batches=batches, progress=progress,
+        cuda_graph=spec.cuda_graph, **overrides,
     )
     out = result.to_dict()
     for key in ("version", "model_options"):  # the run's own fields say these already
@@ -793,7 +810,9 @@ run specs:  VERSION[KEY=VALUE,...][:PRECISION]
   v4                               V4 at its preferred precision (bf16)
   "v2[fuse_qkv=0]:fp32"            V2 without the QKV fusion (quote specs with brackets in a shell)
   "v2[sdpa=1,compile=1]:bf16"      V2 with SDPA and torch.compile
+  "v4[cuda_graph=1]"                V4 with each training step replayed from CUDA graphs (GPU only)
   V2 switches: fuse_qkv, fuse_gate_up, sdpa, compile (0/1), compile_mode=default|reduce-overhead|max-autotune
+  every version: cuda_graph (0/1)
   precisions: fp32 (TF32 off), tf32, bf16 and fp16 (autocast, fp32 weights)
 run sets (expand to several specs):
 """ + "\n".join(f"  {name:9s} {' '.join(specs)}" for name, specs in RUN_SETS.items()) + """

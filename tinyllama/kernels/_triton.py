@@ -34,12 +34,16 @@ def configs(gpu: list[triton.Config], interpreter: triton.Config) -> list[triton
     return [interpreter] if INTERPRET else gpu
 
 
-def autotune(candidates: list[triton.Config], key: list[str], prune: Callable[..., list[triton.Config]] | None = None):
+def autotune(candidates: list[triton.Config], key: list[str], prune: Callable[..., list[triton.Config]] | None = None,
+             reset_to_zero: list[str] | None = None):
     """``triton.autotune`` that times each candidate for about 30 ms instead of Triton's default of
-    about 125 ms (where the installed Triton lets us choose), so that first calls stay short."""
+    about 125 ms (where the installed Triton lets us choose), so that first calls stay short.
+    ``reset_to_zero`` names outputs that a kernel accumulates into (zeroed before each timed try)."""
     options: dict[str, object] = {}
     if prune is not None:
         options["prune_configs_by"] = {"early_config_prune": prune}
+    if reset_to_zero:
+        options["reset_to_zero"] = reset_to_zero
     if "do_bench" in inspect.signature(triton.autotune).parameters:
         from triton.testing import do_bench
 

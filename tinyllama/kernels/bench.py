@@ -203,10 +203,7 @@ def _passes(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[tor
 
 def _graphed(run: Callable[[], None], device: torch.device) -> Callable[[], None] | None:
     """``run`` captured in a CUDA (or HIP) graph, or None where capture fails: a replay launches all
-    its kernels at once, so the time is the GPU's, not Python's launch overhead. (Known failure: on
-    an H200 with torch 2.11 the very first backward captured in a process, the fp32 RMSNorm at seq
-    512, fails with "operation would make the legacy stream depend on a capturing blocking stream"
-    every time, while every later case captures; that row then says ``launches``.)"""
+    its kernels at once, so the time is the GPU's, not Python's launch overhead."""
     if device.type != "cuda":
         return None
     try:
@@ -229,6 +226,22 @@ def time_pass(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[t
               target_ms: float = 1.0) -> tuple[Stats, float, int, str]:
     """``(stats per call in ms, warm-up ms, calls per timed sample, how they were launched)`` for one
     pass of ``fn``."""
+    if device.type == "cuda":
+        # Run on a stream of our own, never the legacy default stream: a backward runs on the stream
+        # its forward ran on, and capture cannot take in work queued on the legacy default stream
+        # ("operation would make the legacy stream depend on a capturing blocking stream").
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))  # the inputs were made on the default one
+        with torch.cuda.stream(stream):
+            result = _time_pass(fn, sets, grads, kwargs, pass_, device, repeat, target_ms)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        return result
+    return _time_pass(fn, sets, grads, kwargs, pass_, device, repeat, target_ms)
+
+
+def _time_pass(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[torch.Tensor],
+               kwargs: dict[str, Any], pass_: str, device: torch.device, repeat: int,
+               target_ms: float) -> tuple[Stats, float, int, str]:
     calls = _passes(fn, sets, grads, kwargs, pass_)
     dev.synchronize(device)
     began = time.perf_counter()
