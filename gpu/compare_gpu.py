@@ -157,6 +157,21 @@ KERNEL_KINDS = (("GEMM", lambda n: cmp.is_gemm_kernel(n)),
                 ("copies", lambda n: "memcpy" in n.lower() or "memset" in n.lower() or "copy" in n.lower()))
 
 
+def operator_differences(profiles: dict[str, list[dict[str, Any]]], control: str, run: str,
+                         top: int = 12) -> list[dict[str, Any]]:
+    """Ms per step of each PyTorch operator (device time; CPU time on the CPU) in ``run`` against
+    ``control`` (both profiled), the largest changes first: where a fusion gains or loses time."""
+    if control not in profiles or run not in profiles:
+        return []
+    def ms(row: dict[str, Any]) -> float:  # device time on a GPU, the operator's own CPU time on the CPU
+        return row["device_ms"] if row["device_ms"] is not None else row["cpu_ms"] or 0.0
+
+    ops = [{r["name"]: ms(r) for r in profiles[label] if r["kind"] == "op"} for label in (control, run)]
+    rows = [{"operator": name, "control_ms": ops[0].get(name, 0.0), "fused_ms": ops[1].get(name, 0.0),
+             "delta_ms": ops[1].get(name, 0.0) - ops[0].get(name, 0.0)} for name in set(ops[0]) | set(ops[1])]
+    return sorted(rows, key=lambda r: -abs(r["delta_ms"]))[:top]
+
+
 def kernel_time_by_kind(profile: list[dict[str, Any]]) -> dict[str, float]:
     """Device ms per step of the profiled kernels, grouped into GEMM, attention, optimizer, ..."""
     out: dict[str, float] = {}
@@ -236,6 +251,11 @@ def markdown(record: dict[str, Any], summary: dict[str, Any]) -> str:
                            ["name", "calls_per_step", "device_ms", "percent"]), "",
                   md_table([r for r in profile if r["kind"] == "op"][:15],
                            ["name", "calls_per_step", "device_ms", "cpu_ms", "percent"]), ""]
+    if summary.get("gate_up_operators"):
+        parts += ["## The gate/up fusion, operator by operator (PyTorch profiler, bf16 eager steps)", "",
+                  f"Milliseconds per step of each operator (device time): {fusion_label('none', 'bf16')} (control) against "
+                  f"{fusion_label('gate_up', 'bf16')} (fused), largest changes first.", "",
+                  md_table(summary["gate_up_operators"], ["operator", "control_ms", "fused_ms", "delta_ms"]), ""]
     failed = [r for r in record["runs"] if r["check"] != "passed"]
     if failed:
         parts += ["## Not timed", ""] + [f"- {r['label']}: {r['check_message']}" for r in failed] + [""]
@@ -272,8 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     print("  " + ", ".join(f"{p}: {v:.1f} TFLOP/s" for p, v in ceilings.items()), flush=True)
 
     runs = args.runs or default_runs()
+    # Profiled besides V4: the unfused V2 and V2 with only the gate/up fusion (bf16), to show where
+    # that fusion gains or loses time, operator by operator.
+    gate_up = (fusion_label("none", "bf16"), fusion_label("gate_up", "bf16"))
     result = cmp.compare(runs, args.preset, num_steps=args.num_steps, warmup_steps=args.warmup_steps,
-                         device=device, profile_runs=[V4], profile_top=200, ceilings=ceilings, progress=True)
+                         device=device, profile_runs=[V4, *gate_up], profile_top=200, ceilings=ceilings,
+                         progress=True)
     record = result.record
     print(result, flush=True)
 
@@ -285,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "ceilings_tflops": ceilings, "datasheet_bf16_tflops": peaks.bf16_tflops if peaks else None,
         "targets": targets(record), "fusion_effects": fusion_effects(record),
         "v4_kernel_time_by_kind": kernel_time_by_kind(profile), "v4_profile": profile[:60],
+        "gate_up_operators": operator_differences(record["profiles"], *gate_up),
         "wall_s": time.perf_counter() - began,
     }
     result.save_json(out / "compare.json")

@@ -295,3 +295,10 @@ def test_gpu_script_runs_are_valid_and_it_judges_a_record(result):
     assert effects[("fp32", "eager", "qkv")]["gemm_ops"] == f"{unfused} -> {unfused - 6 * LAYERS}"
     for steps in ("eager", "CUDA graphs"):  # this record has no bf16 V2 runs
         assert effects[("bf16", steps, "qkv")]["verdict"].startswith("not measured")
+    op = lambda name, ms: {"kind": "op", "name": name, "device_ms": ms, "cpu_ms": 9.0}  # noqa: E731
+    profiles = {"a": [op("aten::mm", 10.0), op("aten::silu", 1.0)],
+                "b": [op("aten::mm", 9.0), op("aten::silu", 2.5), op("aten::cat", 0.2)]}
+    diff = script.operator_differences(profiles, "a", "b")
+    assert [(r["operator"], round(r["delta_ms"], 6)) for r in diff] == [
+        ("aten::silu", 1.5), ("aten::mm", -1.0), ("aten::cat", 0.2)]
+    assert script.operator_differences(profiles, "a", "missing") == []
