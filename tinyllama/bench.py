@@ -397,8 +397,9 @@ def run_benchmark(
     """Build (or take) a model, check that it trains, and time ``num_steps`` training steps.
 
     ``cuda_graph=True`` replays each step from CUDA (HIP) graphs after the warm-up steps
-    (``GraphedTrainingStep``): the step's GPU time without Python's launch overhead. See the module docstring. Raises ``ValueError`` for bad settings, ``CorrectnessError`` for a
-    model whose backward misses parameters, and ``BenchmarkError`` when the device runs out of memory.
+    (``GraphedTrainingStep``): the step's GPU time without Python's launch overhead. See the module
+    docstring. Raises ``ValueError`` for bad settings, ``CorrectnessError`` for a model whose backward
+    misses parameters, and ``BenchmarkError`` when the device runs out of memory.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
@@ -533,7 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a switch of the version, e.g. --option fuse_qkv=0 (repeatable)")
     parser.add_argument("--cuda-graph", action="store_true",
-                        help="replay each step from CUDA/HIP graphs after the warm-up (eager models, GPU only)")
+                        help="replay each step from CUDA/HIP graphs after the warm-up "
+                             "(GPU only; not with compile_mode reduce-overhead)")
     parser.add_argument("--json", metavar="PATH", help="append the result to this JSON list file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
