@@ -53,9 +53,11 @@ def test_cuda_graph_is_a_switch_of_the_run_not_of_the_model():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_cuda_graph_runs_are_refused_on_the_cpu_before_anything_runs(capsys):
-    with pytest.raises(ValueError, match="v4\\[cuda_graph=1\\]:bf16: cuda_graph=1 needs a GPU"):
+    with pytest.raises(ValueError, match="v4\\[cuda_graph=1\\]:bf16: cuda_graph needs a GPU"):
         cmp.compare(["v1:fp32", "v4[cuda_graph=1]"], "ci", device="cpu", progress=True)
     assert "reference" not in capsys.readouterr().out  # refused before V1 was even built
+    with pytest.raises(ValueError, match="v1\\[cuda_graph=1\\]:fp32: cuda_graph captures after 3 eager steps"):
+        cmp.compare(["v1[cuda_graph=1]:fp32"], "ci", device="cpu", warmup_steps=2)
 
 
 @pytest.mark.parametrize("text,message", [

@@ -32,6 +32,7 @@ from tinyllama.checks import CorrectnessError, check_every_parameter_trained
 from tinyllama.config import ModelConfig, get_preset, make_config
 from tinyllama.models import VERSIONS, build, lm_loss
 from tinyllama.models.v2_fused import CUDA_GRAPH_MODES
+from tinyllama.models.weights import unwrap
 from tinyllama.timing import PhaseTimer, Stats, summarize
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -178,8 +179,18 @@ class TrainingStep:
 def _captures_own_graphs(model: nn.Module) -> bool:
     """Whether ``model`` is compiled in a mode that replays CUDA graphs of its own (reduce-overhead,
     max-autotune): graphs that cannot be captured again inside another graph."""
-    switches = getattr(getattr(model, "_orig_mod", model), "switches", None)
+    switches = getattr(unwrap(model), "switches", None)
     return bool(switches is not None and switches.compile and switches.compile_mode in CUDA_GRAPH_MODES)
+
+
+def check_cuda_graph(device: torch.device, warmup_steps: int | None = None) -> None:
+    """Raise ``ValueError`` where steps cannot be replayed from CUDA graphs: fewer warm-up steps than
+    ``GraphedTrainingStep`` runs eagerly before it captures, or no GPU."""
+    if warmup_steps is not None and warmup_steps < GraphedTrainingStep.EAGER_STEPS:
+        raise ValueError(f"cuda_graph captures after {GraphedTrainingStep.EAGER_STEPS} eager steps: "
+                         f"use warmup_steps >= {GraphedTrainingStep.EAGER_STEPS}")
+    if device.type != "cuda":
+        raise ValueError("cuda_graph needs a GPU (CUDA or ROCm); on the CPU run without it")
 
 
 class GraphedTrainingStep(TrainingStep):
@@ -206,8 +217,7 @@ class GraphedTrainingStep(TrainingStep):
     def __init__(self, model: nn.Module, precision: str = "fp32", device: torch.device | str | None = None,
                  lr: float = 3e-4, fused_optimizer: bool | None = None) -> None:
         device = torch.device(device) if device is not None else dev.get_device()
-        if device.type != "cuda":
-            raise ValueError("cuda_graph needs a GPU (CUDA or ROCm); on the CPU run without it")
+        check_cuda_graph(device)
         if precision == "fp16":
             raise ValueError("cuda_graph does not support fp16: its gradient scaler checks for overflow on the "
                              "host every step; use bf16")
@@ -407,11 +417,10 @@ def run_benchmark(
         raise ValueError(f"need num_steps >= 1 and warmup_steps >= 0 (got {num_steps}, {warmup_steps})")
     if model is None and version not in VERSIONS:
         raise ValueError(f"unknown version {version!r}: choose one of {', '.join(VERSIONS)}")
-    if cuda_graph and warmup_steps < GraphedTrainingStep.EAGER_STEPS:
-        raise ValueError(f"cuda_graph captures after {GraphedTrainingStep.EAGER_STEPS} eager steps: "
-                         f"use warmup_steps >= {GraphedTrainingStep.EAGER_STEPS}")
     config, batch_size, seq_len = resolve_config(preset, batch_size, seq_len, **config_overrides)
     device = dev.get_device(None if device is None else str(device))
+    if cuda_graph:
+        check_cuda_graph(device, warmup_steps)
     determinism = configure_determinism(seed, deterministic)
     model_options = dict(model_options or {})
     try:

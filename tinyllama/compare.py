@@ -37,9 +37,9 @@ import torch
 from torch import nn
 
 from tinyllama import device as dev
-from tinyllama.bench import (PRECISIONS, BenchmarkError, GraphedTrainingStep, TrainingStep, add_problem_size_arguments, autocast_context,
-                             make_batches, parse_option, resolve_config, run_benchmark, set_matmul_precision,
-                             shape_overrides)
+from tinyllama.bench import (PRECISIONS, BenchmarkError, TrainingStep, add_problem_size_arguments, autocast_context,
+                             check_cuda_graph, make_batches, parse_option, resolve_config, run_benchmark,
+                             set_matmul_precision, shape_overrides)
 from tinyllama.checks import CorrectnessError, parameters_without_gradient
 from tinyllama.models import VERSIONS, build, lm_loss, model_class
 from tinyllama.models.weights import canonical_gradients, canonical_state_dict, from_canonical, unwrap
@@ -487,11 +487,11 @@ def compare(
     specs = expand_runs(runs)
     device = dev.get_device(None if device is None else str(device))
     graphed = [s.label for s in specs if s.cuda_graph]
-    if graphed and device.type != "cuda":
-        raise ValueError(f"{', '.join(graphed)}: cuda_graph=1 needs a GPU (CUDA or ROCm); drop it on the CPU")
-    if graphed and warmup_steps < GraphedTrainingStep.EAGER_STEPS:
-        raise ValueError(f"cuda_graph=1 captures after {GraphedTrainingStep.EAGER_STEPS} eager steps: "
-                         f"use warmup_steps >= {GraphedTrainingStep.EAGER_STEPS}")
+    if graphed:  # refused before any run, rather than after V1 has been timed
+        try:
+            check_cuda_graph(device, warmup_steps)
+        except ValueError as error:
+            raise ValueError(f"{', '.join(graphed)}: {error}") from None
     profile_labels = {parse_run(r).label if isinstance(r, str) else r.label for r in profile_runs}
     config, batch_size, seq_len = resolve_config(preset, batch_size, seq_len, **config_overrides)
     overrides = {k: v for k, v in config_overrides.items() if v is not None}
