@@ -38,7 +38,8 @@ import torch  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
 
 TEST_FILES = ["tests/test_kernel_rmsnorm.py", "tests/test_kernel_rope.py", "tests/test_kernel_swiglu.py",
-              "tests/test_kernel_flash_attention.py", "tests/test_v3.py", "tests/test_cuda_graph_step.py"]
+              "tests/test_kernel_flash_attention.py", "tests/test_kernel_bench.py", "tests/test_v3.py",
+              "tests/test_cuda_graph_step.py"]
 
 
 class Report:

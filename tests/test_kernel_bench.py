@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 
 from tinyllama.kernels import bench
 
@@ -75,3 +76,24 @@ def test_bad_choices_are_refused():
         bench.main(["--kernels", "softmax"])
     with pytest.raises(ValueError, match="at least 1"):
         bench.run_kernel_bench(kernels=["swiglu"], **{**SMALL, "seq_lens": [0]})
+
+
+def test_a_sample_holds_about_the_target_time_in_calls():
+    """Samples are sized by the time of one call: 1 ms of 15 us calls is 67, rounded up to a
+    multiple of the 4 input sets; never more than 200 calls; a call longer than the target is one."""
+    assert bench._calls_per_sample(1.0, 0.015, 4) == 68
+    assert bench._calls_per_sample(1.0, 0.001, 4) == 200
+    assert bench._calls_per_sample(1.0, 5.0, 3) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA-graph replays")
+def test_graph_samples_are_sized_by_gpu_time_not_launch_time():
+    """A 16 us backward takes far longer to launch from Python; a sample sized by the launches would
+    hold a handful of calls (tens of us, with the graph's launch counted into each call)."""
+    case = bench._rmsnorm_case(bench.make_config("medium"), 16, 512, torch.bfloat16, torch.device("cuda"))
+    sets = [case.make_inputs(16, seed) for seed in range(4)]
+    grads = [torch.randn_like(case.triton(*s, **case.kwargs)) for s in sets]
+    stats, _, calls, launch = bench.time_pass(case.triton, sets, grads, case.kwargs, "backward",
+                                              torch.device("cuda"), repeat=5)
+    assert launch == "graph"
+    assert calls * stats.median >= 0.5, (calls, stats.median)

@@ -9,7 +9,7 @@ import torch
 
 from tinyllama.kernels import KernelMismatch, rmsnorm, rmsnorm_reference
 from tinyllama.kernels._triton import compare_with_reference, relative_error
-from tinyllama.kernels.rmsnorm import rmsnorm_forward
+from tinyllama.kernels.rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (leading shape, hidden size)
@@ -82,6 +82,81 @@ def test_rstd_is_the_reciprocal_root_mean_square():
     _, rstd = rmsnorm_forward(x.detach(), weight.detach(), eps=1e-5)
     expected = torch.rsqrt(x.detach().pow(2).mean(-1) + 1e-5)
     assert relative_error(rstd, expected) < 1e-6
+
+
+@pytest.mark.parametrize("lead", [(3, 5), (0,)], ids=["rows", "no-rows"])
+def test_the_kernels_zero_the_vectors_they_are_given(lead):
+    """The forward zeroes the backward's weight-gradient sum and a backward zeroes the next one's
+    (NaN before: a vector left untouched would stay NaN); a gradient added into such a vector equals
+    one added into a vector the launcher zeroed itself."""
+    x, weight = _inputs(lead, 100, torch.float32, seed=6)
+    x, weight = x.detach(), weight.detach()
+    zeroed = torch.full((100,), float("nan"), device=DEVICE)
+    _, rstd = rmsnorm_forward(x, weight, 1e-5, zeroed=zeroed)
+    assert torch.equal(zeroed, torch.zeros_like(zeroed))
+    dy = torch.randn_like(x)
+    zero_next = torch.full((100,), float("nan"), device=DEVICE)
+    dx, dweight = rmsnorm_backward(dy, x, weight, rstd, dweight_sum=zeroed, zero_next=zero_next)
+    assert torch.equal(zero_next, torch.zeros_like(zero_next))
+    dx_own, dweight_own = rmsnorm_backward(dy, x, weight, rstd)
+    assert torch.equal(dx, dx_own) and relative_error(dweight, dweight_own) < 1e-6
+
+
+def test_repeated_backward_gives_the_same_gradients():
+    """Three backward passes through one graph (retain_graph): each adds its weight gradient into a
+    vector of its own, zeroed by the kernel before it, so none carries over the previous sum."""
+    x, weight = _inputs((4, 9), 100, torch.float32, seed=7)
+    out = rmsnorm(x, weight)
+    dy = torch.randn_like(out)
+    grads = [torch.autograd.grad(out, [x, weight], dy, retain_graph=True) for _ in range(3)]
+    exact = [t.detach().requires_grad_() for t in (x, weight)]
+    expected = torch.autograd.grad(rmsnorm_reference(*exact), exact, dy)
+    for dx, dweight in grads:
+        assert relative_error(dx, expected[0]) < 1e-5 and relative_error(dweight, expected[1]) < 1e-5
+
+
+def test_a_wrong_sum_vector_is_refused():
+    x, weight = _inputs((2,), 48, torch.float32, seed=8)
+    with pytest.raises(ValueError, match="float32 vector of length 48"):
+        rmsnorm_forward(x.detach(), weight.detach(), 1e-5, zeroed=torch.zeros(47, device=DEVICE))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: kernel launches and CUDA graphs")
+def test_the_backward_is_one_kernel():
+    """No zeroing kernel of its own: the backward launches only the Triton kernel."""
+    x, weight = _inputs((16, 512), 1024, torch.bfloat16, seed=9)
+    out = rmsnorm(x, weight)
+    dy = torch.randn_like(out)
+    torch.autograd.grad(out, [x, weight], dy, retain_graph=True)  # autotuning happens here
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(out, [x, weight], dy, retain_graph=True)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 1 and "rmsnorm_bwd" in kernels[0], kernels
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: kernel launches and CUDA graphs")
+def test_a_captured_backward_replays_to_the_same_gradient():
+    """Forward run eagerly, backward captured in a CUDA graph and replayed twice: each replay must
+    zero its own sum (a sum zeroed by the eager forward would be added into again on replay)."""
+    x, weight = _inputs((8, 300), 1000, torch.bfloat16, seed=10)
+    dy = torch.randn_like(x)
+    # Not on the legacy default stream: the backward runs on its forward's stream, which capture
+    # cannot take in from there.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = rmsnorm(x, weight)
+        eager = torch.autograd.grad(out, [x, weight], dy, retain_graph=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = torch.autograd.grad(out, [x, weight], dy, retain_graph=True)
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(captured[1], eager[1]) < 1e-5 and torch.equal(captured[0], eager[0])
 
 
 def test_out_dtype_rounds_the_fp32_result_once():
