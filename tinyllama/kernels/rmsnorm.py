@@ -201,10 +201,10 @@ def rmsnorm_backward(
     grid = lambda meta: (max(1, min(triton.cdiv(M, meta["BLOCK_M"]), sms * meta["PER_SM"])),)  # noqa: E731
     atomic = not torch.are_deterministic_algorithms_enabled()
     # fp32 sums: one row (atomics), or a zeroed row per possible program (rows of idle programs add 0).
-    if atomic:
-        dweight = dweight_sum.view(1, N) if dweight_sum is not None else torch.zeros((1, N), dtype=torch.float32, device=x.device)
+    if atomic and dweight_sum is not None:
+        dweight = dweight_sum.view(1, N)
     else:
-        dweight = torch.zeros((sms * MAX_PER_SM, N), dtype=torch.float32, device=x.device)
+        dweight = torch.zeros((1 if atomic else sms * MAX_PER_SM, N), dtype=torch.float32, device=x.device)
     if M:
         _rmsnorm_bwd_kernel[grid](
             dy_rows, x_rows, weight.contiguous(), rstd, dx, dweight, zero_next, dy_rows.stride(0), x_rows.stride(0),
