@@ -12,8 +12,9 @@ For every kernel, data type and sequence length (shapes from a model preset, ``m
    ``tinyllama.timing.time_callable`` with device events: forward, backward, forward + backward;
 3. one timed sample repeats the operation enough times to last about a millisecond, cycling through
    copies of the inputs that together exceed the last-level cache (so that no input is served from
-   a cache it would not fit in); on a GPU the repeats are captured in a CUDA/HIP graph and replayed,
-   so the time is the kernels' and not Python's launch overhead (``launch`` says which was used);
+   a cache it would not fit in); on a GPU the repeats are captured in a CUDA/HIP graph, on the
+   stream the forwards ran on, and replayed, so the time is the kernels' and not Python's launch
+   overhead (``launch`` says which was used), and the count is set from a replay's GPU time;
 4. the result is the achieved bandwidth (RMSNorm, SwiGLU: bytes that must move) or FLOP/s
    (attention), and its share of the device's measured ceiling (``tinyllama.ceilings``).
 """
