@@ -8,6 +8,7 @@ import importlib, itertools, os, sys, json, torch, triton
 sys.path.insert(0, os.getcwd())
 R = importlib.import_module("tinyllama.kernels.rmsnorm")
 from tinyllama.kernels import bench as B
+from rmsnorm_backward_variants import graph_time  # this folder
 dev = torch.device("cuda")
 SM = torch.cuda.get_device_properties(dev).multi_processor_count
 copy = B.measure_kernel_ceilings(["bf16"], dev)["copy_tbs"]
@@ -21,17 +22,6 @@ dw = torch.zeros(1, N, device=dev)
 nxt = torch.empty(N, device=dev)
 shared_dx = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
 
-def graph_time(fn, n=40):
-    side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3): fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n): fn(i)
-    st = B.time_callable(g.replay, dev, warmup=2, repeat=15)
-    return round(st.median * 1e3 / n, 2)
-
 res = {"copy": copy}
 kern = R._rmsnorm_bwd_kernel.fn
 for bm, warps, stages, per in itertools.product((2, 4, 8), (2, 4, 8), (3, 4, 6, 8), (1, 2, 3)):
@@ -44,13 +34,13 @@ for bm, warps, stages, per in itertools.product((2, 4, 8), (2, 4, 8), (3, 4, 6, 
                    BLOCK_M=bm, STAGES=stages, PER_SM=per, ATOMIC=True, ZERO=True, num_warps=warps)
     key = f"{bm}_{warps}_{stages}_x{per}"
     try:
-        ts = [graph_time(f) for _ in range(2)]
+        ts = [round(graph_time(f)[0], 2) for _ in range(2)]
         res[key] = (min(ts), round(nbytes / (min(ts) * 1e-6) / 1e12 / copy, 3))
     except Exception as e:
         res[key] = repr(e)[:100]
     print(key, res[key], flush=True)
 ok = sorted((v[0], k) for k, v in res.items() if isinstance(v, tuple))
 print("best", ok[:10])
-ts = graph_time(lambda i: kern[(264,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], shared_dx, dw, nxt, N, N, N, M, N, BLOCK_N=1024, BLOCK_M=2, STAGES=4, PER_SM=2, ATOMIC=True, ZERO=True, num_warps=2))
+ts = round(graph_time(lambda i: kern[(264,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], shared_dx, dw, nxt, N, N, N, M, N, BLOCK_N=1024, BLOCK_M=2, STAGES=4, PER_SM=2, ATOMIC=True, ZERO=True, num_warps=2))[0], 2)
 print("2_2_4_x2 shared dx", ts)
 json.dump(res, open(os.environ.get("OUT", "/tmp") + "/diag7.json", "w"), indent=1)

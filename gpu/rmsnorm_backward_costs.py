@@ -3,8 +3,8 @@ op of the same bytes reaches. Graph-timed, 40 calls over 4 input sets.
 
     python gpu/rmsnorm_backward_costs.py    # about a minute on an H200; writes $OUT/rms_bwd4.json
 
-A copy of the backward kernel with a MODE switch (atomic sum, a row per program, no weight gradient)
-and an optional programmatic dependent launch, so that each piece can be timed alone. Recorded in
+The backward kernel with a MODE switch (atomic sum, a row per program, no weight gradient) and an
+optional programmatic dependent launch (gpu/rmsnorm_backward_variants.py), so that each piece can be timed alone. Recorded in
 benchmarks/2026-11-23_h200_rmsnorm_backward_costs.json ('costs'), run before the library's backward
 stopped launching a zeroing kernel ('library_*' there is that older path)."""
 import json, os, sys, torch, triton
@@ -12,51 +12,14 @@ import triton.language as tl
 sys.path.insert(0, os.getcwd())
 import importlib; R = importlib.import_module("tinyllama.kernels.rmsnorm")
 from tinyllama.kernels import bench as B
+from rmsnorm_backward_variants import HAVE_GDC, bwd_variant, graph_time  # this folder
 dev = torch.device("cuda")
 SM = torch.cuda.get_device_properties(dev).multi_processor_count
 OUT = os.environ.get("OUT", "/tmp")
 copy = B.measure_kernel_ceilings(["bf16"], dev)["copy_tbs"]
 res = {"sm": SM, "copy_tbs": copy}
-try:
-    from triton.language.extra.cuda import gdc_wait
-    HAVE_GDC = True
-except Exception as e:
-    res["gdc"] = repr(e); HAVE_GDC = False
-    gdc_wait = None
-
-
-@triton.jit(do_not_specialize=["M", "num_programs"])
-def bwd(DY, X, W, RSTD, DX, DW, stride, M, N, num_programs,
-        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr, MODE: tl.constexpr, PDL: tl.constexpr):
-    # MODE 0 atomic add, 1 store own row, 2 no dw
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    blocks = tl.cdiv(M, BLOCK_M)
-    per_program = tl.cdiv(blocks, num_programs)
-    first = pid * per_program
-    for block in tl.range(first, tl.minimum(first + per_program, blocks), num_stages=STAGES):
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
-        x = tl.load(X + rows64 * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64 * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xhat = x * rstd[:, None]
-        g = dy * w[None, :]
-        mean_gx = tl.sum(g * xhat, axis=1) / N
-        dx = (g - xhat * mean_gx[:, None]) * rstd[:, None]
-        tl.store(DX + rows64 * stride + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-        dw += dy * xhat
-    if PDL:
-        gdc_wait()
-    if MODE == 0:
-        tl.atomic_add(DW + cols, tl.sum(dw, axis=0), mask=col_ok, sem="relaxed")
-    elif MODE == 1:
-        tl.store(DW + pid * N + cols, tl.sum(dw, axis=0), mask=col_ok)
+if not HAVE_GDC:
+    res["gdc"] = "no programmatic dependent launch in this Triton"
 
 
 @triton.jit
@@ -64,21 +27,6 @@ def add_kernel(A, Bp, C, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     tl.store(C + offs, tl.load(A + offs, mask=m) + tl.load(Bp + offs, mask=m), mask=m)
-
-
-def graph_time(fn, n=40):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            fn(i)
-    st = B.time_callable(g.replay, dev, warmup=2, repeat=15)
-    return st.median * 1e3 / n, (st.p90 - st.p10) * 1e3 / n
 
 
 M, N, dtype = 8192, 1024, torch.bfloat16
@@ -99,19 +47,19 @@ parts = torch.empty(2 * SM, N, device=dev)
 for bm, warps, stages, per_sm in ((2, 2, 4, 2), (4, 4, 3, 2), (8, 8, 3, 1), (4, 8, 3, 2)):
     P = min(SM * per_sm, triton.cdiv(M, bm))
     variants = {
-        "fill+atomic": lambda i: bwd[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, torch.zeros(N, device=dev), N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=False, num_warps=warps),
-        "atomic_nofill": lambda i: bwd[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, dw_fixed, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=False, num_warps=warps),
-        "store_rows": lambda i: bwd[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, parts, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=1, PDL=False, num_warps=warps),
-        "no_dw": lambda i: bwd[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, parts, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=2, PDL=False, num_warps=warps),
+        "fill+atomic": lambda i: bwd_variant[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, torch.zeros(N, device=dev), N, N, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=False, num_warps=warps),
+        "atomic_nofill": lambda i: bwd_variant[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, dw_fixed, N, N, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=False, num_warps=warps),
+        "store_rows": lambda i: bwd_variant[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, parts, N, N, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=1, PDL=False, num_warps=warps),
+        "no_dw": lambda i: bwd_variant[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, parts, N, N, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=2, PDL=False, num_warps=warps),
     }
     if HAVE_GDC:
-        variants["fill+atomic_pdl"] = lambda i: bwd[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, torch.zeros(N, device=dev), N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=True, num_warps=warps, launch_pdl=True)
+        variants["fill+atomic_pdl"] = lambda i: bwd_variant[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, torch.zeros(N, device=dev), N, N, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=True, num_warps=warps, launch_pdl=True)
     for name, fn in variants.items():
         key = f"{bm}_{warps}_{stages}_x{per_sm}_{name}"
         try:
             if name.startswith("fill"):
                 dwv = torch.zeros(N, device=dev)
-                bwd[(P,)](dys[1], xs[1], w, rstds[1], dx, dwv, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=name.endswith("pdl"), num_warps=warps, **({"launch_pdl": True} if name.endswith("pdl") else {}))
+                bwd_variant[(P,)](dys[1], xs[1], w, rstds[1], dx, dwv, N, N, N, M, N, P, BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, MODE=0, PDL=name.endswith("pdl"), num_warps=warps, **({"launch_pdl": True} if name.endswith("pdl") else {}))
                 torch.cuda.synchronize()
                 err = ((dwv - ref[1]).abs().max() / ref[1].abs().max()).item()
                 assert err < 1e-4, err

@@ -5,72 +5,22 @@ behind the atomic version in tinyllama/kernels/rmsnorm.py.
 
 1. the library's backward as it is, and alone the pieces of the earlier design: PyTorch's sum of
    one partial weight gradient per multiprocessor, and the zeroing of an fp32 vector;
-2. a copy of the backward kernel that adds its weight gradient with atomics, for every block size,
-   warp count, pipeline depth and programs per multiprocessor (1 or 2), with and without streaming
-   cache hints (evict-first loads, .cs stores), each checked against the library first.
+2. the backward kernel adding its weight gradient with atomics (gpu/rmsnorm_backward_variants.py),
+   for every block size, warp count, pipeline depth and programs per multiprocessor (1 or 2), with
+   and without streaming cache hints (evict-first loads, .cs stores), each checked against the
+   library first.
 Every call is timed inside a CUDA graph of 40 calls that cycle through 4 input sets.
 """
 import importlib, itertools, json, os, sys, torch, triton
-import triton.language as tl
 sys.path.insert(0, os.getcwd())
 R = importlib.import_module("tinyllama.kernels.rmsnorm")
 from tinyllama.kernels import bench as B
+from rmsnorm_backward_variants import bwd_variant, graph_time  # this folder
 
 dev = torch.device("cuda")
 SM = torch.cuda.get_device_properties(dev).multi_processor_count
 OUT = os.environ.get("OUT", "/tmp")
 res = {"sm": SM, "copy_tbs": B.measure_kernel_ceilings(["bf16"], dev)["copy_tbs"]}
-
-
-@triton.jit(do_not_specialize=["M", "num_programs"])
-def bwd_atomic(DY, X, W, RSTD, DX, DW, stride_dy, stride_x, stride_dx, M, N, num_programs,
-               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    blocks = tl.cdiv(M, BLOCK_M)
-    per_program = tl.cdiv(blocks, num_programs)
-    first = pid * per_program
-    for block in tl.range(first, tl.minimum(first + per_program, blocks), num_stages=STAGES):
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
-        if EVICT:
-            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        else:
-            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xhat = x * rstd[:, None]
-        g = dy * w[None, :]
-        mean_gx = tl.sum(g * xhat, axis=1) / N
-        dx = (g - xhat * mean_gx[:, None]) * rstd[:, None]
-        if EVICT:
-            tl.store(DX + rows64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask, cache_modifier=".cs")
-        else:
-            tl.store(DX + rows64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-        dw += dy * xhat
-    tl.atomic_add(DW + cols, tl.sum(dw, axis=0), mask=col_ok, sem="relaxed")
-
-
-def graph_time(fn, n=40):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            fn(i)
-    st = B.time_callable(g.replay, dev, warmup=2, repeat=15)
-    return st.median * 1e3 / n, (st.p90 - st.p10) * 1e3 / n
-
 
 
 for dtype, M in ((torch.bfloat16, 8192), (torch.bfloat16, 16384), (torch.float32, 8192), (torch.bfloat16, 65536)):
@@ -94,7 +44,7 @@ for dtype, M in ((torch.bfloat16, 8192), (torch.bfloat16, 16384), (torch.float32
         P = min(SM * per_sm, triton.cdiv(M, bm))
         def run(i, P=P, bm=bm, warps=warps, stages=stages, evict=evict):
             dw = torch.zeros(N, device=dev)
-            bwd_atomic[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, dw, N, N, N, M, N, P,
+            bwd_variant[(P,)](dys[i % 4], xs[i % 4], w, rstds[i % 4], dx, dw, N, N, N, M, N, P,
                              BLOCK_N=1024, BLOCK_M=bm, STAGES=stages, EVICT=evict, num_warps=warps)
             return dw
         name = f"{bm}_{warps}_{stages}_x{per_sm}_e{evict}"
