@@ -33,7 +33,8 @@ def test_check_between_names_the_side(capsys):
     assert not cp.check_between("rate", math.nan, 1.0, 10.0)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("PASS: rate = 5 TB/s is plausible")
-    assert out[1] == "CHECK: rate = 12 TB/s is above the plausible range 1 .. 10 TB/s. the timing is wrong"
+    assert out[1] == ("CHECK: rate = 12 TB/s is above the plausible range 1 .. 10 TB/s (1.2x above the bound). "
+                      "the timing is wrong")
     assert "is below the plausible range" in out[2] and out[3].startswith("CHECK")
 
 

@@ -6,10 +6,16 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
 - first cell: markdown with the title and **Learning objectives**; then short background;
 - first code cell: ``session = course.start("NN_name")`` -- it prints the profile (``gpu``/``ci``), the
   device the hub assigned and a busy-GPU warning; take every size from ``session.profile``;
-- exercises: the solution between ``# BEGIN SOLUTION`` and ``# END SOLUTION`` with one or more
-  ``# HINT: ...`` lines inside; ``python -m tinyllama.course.make_notebooks`` writes ``notebooks/``;
-- checkpoints: ``course.check_close(...)``, ``course.check_between(...)``, ``course.checkpoint(...)``
-  print PASS/CHECK and fail the notebook under ``WORKSHOP_STRICT=1`` (CI, instructor runs);
+- exercises: the solution between ``# BEGIN SOLUTION NN.k`` and ``# END SOLUTION`` with one or more
+  ``# HINT: ...`` lines inside that describe the goal, never the line (the generator refuses a hint
+  that gives the answer away); ``python -m tinyllama.course.make_notebooks`` writes ``notebooks/``.
+  Answers to questions go between ``<!-- BEGIN ANSWER -->`` and ``<!-- END ANSWER -->``. A stuck
+  participant runs ``course.reveal("NN.k")``;
+- after each exercise a check with specific feedback: ``course.check_function`` (a function or kernel
+  against its reference on fresh random inputs, odd shapes included), ``course.check_between`` (a number
+  in its expected range, with ``why``), ``course.check_ratio`` (two timed series), and
+  ``course.compare_prediction`` (a prediction beside the measurement); ``course.checkpoint(...)``
+  for anything else. Checks print PASS/CHECK and fail the notebook under ``WORKSHOP_STRICT=1``;
 - mark cells whose output is a fact, the same on a GPU and a CPU (counts, correctness checks,
   configuration tables), with ``# NBVAL_CHECK_OUTPUT``; measured numbers go in other cells;
 - end with a "Record your result" step, ``session.record({...})``, and ``session.finish(globals())``;
@@ -19,10 +25,14 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
 
 from tinyllama.course.checkpoints import (check_allclose, check_between, check_close, check_equal,
                                           check_faster, checkpoint)
+from tinyllama.course.feedback import (Mismatch, check_function, check_ratio, compare_outputs, compare_prediction,
+                                       ratio_with_spread)
 from tinyllama.course.profile import PROFILES, Profile, get_profile, select_profile
-from tinyllama.course.results import load_results, record, results_dir
+from tinyllama.course.results import latest, load_results, record, results_dir
+from tinyllama.course.reveal import reveal
 from tinyllama.course.session import Session, start
 
-__all__ = ["PROFILES", "Profile", "Session", "check_allclose", "check_between", "check_close", "check_equal",
-           "check_faster", "checkpoint", "get_profile", "load_results", "record", "results_dir",
-           "select_profile", "start"]
+__all__ = ["PROFILES", "Mismatch", "Profile", "Session", "check_allclose", "check_between", "check_close",
+           "check_equal", "check_faster", "check_function", "check_ratio", "checkpoint", "compare_outputs",
+           "compare_prediction", "get_profile", "latest", "load_results", "ratio_with_spread", "record",
+           "results_dir", "reveal", "select_profile", "start"]

@@ -51,15 +51,27 @@ def check_equal(name: str, actual: Any, expected: Any, hint: str = "") -> bool:
                       f"{name} = {actual!r}, expected {expected!r}. {hint}".strip())
 
 
-def check_between(name: str, value: float, low: float, high: float, unit: str = "", hint: str = "") -> bool:
+def check_between(name: str, value: float, low: float, high: float, unit: str = "", hint: str = "",
+                  why: str = "") -> bool:
     """``low <= value <= high``: a plausible range (for example, above zero and below the datasheet
-    peak: a measured rate above the peak means the timing is wrong)."""
+    peak: a measured rate above the peak means the timing is wrong). ``why`` says where the range
+    comes from and is shown either way; a value outside it is also given as a factor of the bound
+    it missed (a factor of 2, 1e3 or 1e6 usually means a formula or a unit is off)."""
     unit = f" {unit}" if unit else ""
     ok = math.isfinite(value) and low <= value <= high
-    where = "below" if math.isfinite(value) and value < low else "above"
-    return checkpoint(ok, f"{name} = {_fmt(value)}{unit} is plausible (between {_fmt(low)} and {_fmt(high)}{unit})",
-                      f"{name} = {_fmt(value)}{unit} is {where} the plausible range "
-                      f"{_fmt(low)} .. {_fmt(high)}{unit}. {hint}".strip())
+    reason = f" {why}" if why else ""
+    if ok:
+        return checkpoint(True, f"{name} = {_fmt(value)}{unit} is plausible (between {_fmt(low)} and "
+                                f"{_fmt(high)}{unit}).{reason}", "")
+    where, factor = "outside", ""
+    if math.isfinite(value):
+        where = "below" if value < low else "above"
+        bound = low if value < low else high
+        if bound and value and (value > 0) == (bound > 0):
+            times = value / bound if value > bound else bound / value
+            factor = f" ({times:.3g}x {'below' if value < low else 'above'} the bound)"
+    return checkpoint(False, "", f"{name} = {_fmt(value)}{unit} is {where} the plausible range "
+                                 f"{_fmt(low)} .. {_fmt(high)}{unit}{factor}.{reason} {hint}".rstrip())
 
 
 def check_faster(name: str, new_ms: float, old_ms: float, min_speedup: float = 1.0, hint: str = "") -> bool:

@@ -1,15 +1,25 @@
 """Generate the participant notebooks (``notebooks/``) from the solution notebooks (``solutions/``).
 
-A solution notebook is the one source. In its code cells, the lines between ``# BEGIN SOLUTION`` and
-``# END SOLUTION`` are the exercise; one or more ``# HINT: ...`` lines inside the block say what to
-write. The participant's copy gets, at the same indentation::
+A solution notebook is the one source. In its code cells, the lines between ``# BEGIN SOLUTION 13.2``
+and ``# END SOLUTION`` are exercise 13.2 (the number before the dot is the notebook's; an id-less
+``# BEGIN SOLUTION`` is the older form of notebooks 00-07). One or more ``# HINT: ...`` lines inside
+the block say what to write. The participant's copy gets, at the same indentation::
 
     # TODO: <hint>
-    raise NotImplementedError("exercise: write the code the TODO above describes")
+    raise NotImplementedError("exercise 13.2: ...; stuck? run course.reveal('13.2')")
+
+or, when the block has ``# PARTICIPANT: <code>`` lines (a skeleton, e.g. inside a Triton kernel where
+``raise`` cannot compile), the TODO lines followed by that code. A hint that gives the answer away is
+refused: the generator fails when a line of the solution still appears in the participant's cell
+(in a hint, or anywhere else in it), so a participant is never handed the line they should write.
+:func:`tinyllama.course.reveal.reveal` loads the solution block of one exercise for a participant
+who is stuck.
 
 Markdown cells do the same with ``<!-- BEGIN SOLUTION -->``, ``<!-- HINT: ... -->`` and
-``<!-- END SOLUTION -->`` (for answers to questions), giving ``*TODO: <hint>*``. The participant's
-copy has no outputs, no execution counts and no nbval markers.
+``<!-- END SOLUTION -->`` (the participant writes an answer), giving ``*TODO: <hint>*``; the answers
+to a notebook's questions go between ``<!-- BEGIN ANSWER -->`` and ``<!-- END ANSWER -->`` and are
+removed from the participant's copy. The participant's copy has no outputs, no execution counts and
+no nbval markers.
 
     python -m tinyllama.course.make_notebooks           # write notebooks/
     python -m tinyllama.course.make_notebooks --check   # exit 1 when notebooks/ is out of date
@@ -31,17 +41,37 @@ from tinyllama.course.results import checkout_root
 
 RAISE_LINE = 'raise NotImplementedError("exercise: write the code the TODO above describes")'
 NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
+EXERCISE_ID = re.compile(r"\d\d\.\d+")
+# Notebooks written before the leak check, whose hints still spell out their answers; issue 18 reworks
+# them. Remove a name here once its notebook is revised: the check then holds for it too.
+LEGACY_HINTS = frozenset({"00_environment_check", "01_inference_baseline", "02_precision", "03_pytorch_profiler",
+                          "04_flops_profiler", "05_multi_gpu", "06_torch_compile", "07_vendor_profilers"})
+# Solution lines shorter than this (``return y``, ``)``) are too generic to count as a give-away.
+MIN_LEAK_LENGTH = 12
 
 
 class MarkerError(ValueError):
-    """Solution markers that do not pair up, or a block without a hint."""
+    """Solution markers that do not pair up, a block without a hint, or a hint that gives the answer."""
 
 
-def _code_todo(indent: str, hints: list[str]) -> list[str]:
-    return [f"{indent}# TODO: {hint}" for hint in hints] + [indent + RAISE_LINE]
+def raise_line(exercise: str | None) -> str:
+    """The line that stands in a participant's cell for the code they write."""
+    if exercise is None:
+        return RAISE_LINE
+    return (f'raise NotImplementedError("exercise {exercise}: write the code the TODO above describes; '
+            f'stuck? run course.reveal(\'{exercise}\')")')
 
 
-def _markdown_todo(indent: str, hints: list[str]) -> list[str]:
+def _code_todo(indent: str, hints: list[str], exercise: str | None = None,
+               skeleton: list[str] | None = None) -> list[str]:
+    todo = [f"{indent}# TODO: {hint}" for hint in hints]
+    if skeleton:
+        return todo + [indent + line for line in skeleton]
+    return todo + [indent + raise_line(exercise)]
+
+
+def _markdown_todo(indent: str, hints: list[str], exercise: str | None = None,
+                   skeleton: list[str] | None = None) -> list[str]:
     return [f"{indent}*TODO: {' '.join(hints)}*"]
 
 
@@ -52,61 +82,176 @@ class _Markers:
     begin: re.Pattern[str]
     end: re.Pattern[str]
     hint: re.Pattern[str]
-    todo: Callable[[str, list[str]], list[str]]
+    todo: Callable[..., list[str]]
     strip_nbval: bool
+    skeleton: re.Pattern[str] | None = None
+    answer_begin: re.Pattern[str] | None = None
+    answer_end: re.Pattern[str] | None = None
 
 
-CODE = _Markers(re.compile(r"^\s*#\s*BEGIN SOLUTION\s*$"), re.compile(r"^\s*#\s*END SOLUTION\s*$"),
-                re.compile(r"^\s*#\s*HINT:\s*(.*?)\s*$"), _code_todo, strip_nbval=True)
-MARKDOWN = _Markers(re.compile(r"^\s*<!--\s*BEGIN SOLUTION\s*-->\s*$"),
+CODE = _Markers(re.compile(r"^\s*#\s*BEGIN SOLUTION(?:\s+(?P<id>\S+))?\s*$"),
+                re.compile(r"^\s*#\s*END SOLUTION\s*$"),
+                re.compile(r"^\s*#\s*HINT:\s*(.*?)\s*$"), _code_todo, strip_nbval=True,
+                skeleton=re.compile(r"^\s*#\s*PARTICIPANT:\s?(.*?)\s*$"))
+MARKDOWN = _Markers(re.compile(r"^\s*<!--\s*BEGIN SOLUTION(?:\s+(?P<id>\S+))?\s*-->\s*$"),
                     re.compile(r"^\s*<!--\s*END SOLUTION\s*-->\s*$"),
-                    re.compile(r"^\s*<!--\s*HINT:\s*(.*?)\s*-->\s*$"), _markdown_todo, strip_nbval=False)
+                    re.compile(r"^\s*<!--\s*HINT:\s*(.*?)\s*-->\s*$"), _markdown_todo, strip_nbval=False,
+                    answer_begin=re.compile(r"^\s*<!--\s*BEGIN ANSWER\s*-->\s*$"),
+                    answer_end=re.compile(r"^\s*<!--\s*END ANSWER\s*-->\s*$"))
 
 
-def strip_solutions(source: str, markers: _Markers = CODE, where: str = "cell") -> str:
-    """``source`` with every solution block replaced by its TODO (and, for code, nbval markers removed)."""
+@dataclass
+class Block:
+    """One solution block of a cell: its exercise id (or ``None``), and the solution's own lines."""
+
+    exercise: str | None
+    first_line: int
+    lines: list[str]
+
+
+def _normalise(line: str) -> str:
+    return " ".join(line.split())
+
+
+def _leaks(blocks: list[Block], participant: str, solution_outside: str, where: str) -> None:
+    """Raise when a solution line (not a comment, not trivial, not shown outside its block in the
+    solution cell anyway) still appears anywhere in the participant's cell, hints included."""
+    shown = _normalise(participant)
+    for block in blocks:
+        for line in block.lines:
+            text = _normalise(line)
+            if len(text) < MIN_LEAK_LENGTH or text.startswith("#") or text in solution_outside:
+                continue
+            if text in shown:
+                label = f"exercise {block.exercise}" if block.exercise else "the solution block"
+                raise MarkerError(
+                    f"{where}: {label} (opened on line {block.first_line}) gives its answer away: the "
+                    f"solution line {text!r} still appears in the participant's cell; rewrite the HINT "
+                    "to describe the goal, not the line")
+
+
+def split_blocks(source: str, markers: _Markers = CODE, where: str = "cell") -> tuple[str, list[Block]]:
+    """The participant's version of ``source`` and the solution blocks it replaced.
+
+    Every solution block becomes its TODO (and, for code, nbval markers are removed); answer blocks
+    are dropped. Raises :class:`MarkerError` for markers that do not pair up, a block without a hint,
+    or an exercise id that is not of the form ``NN.k``.
+    """
     out: list[str] = []
+    blocks: list[Block] = []
     inside_since: int | None = None
+    answer_since: int | None = None
     indent = ""
     hints: list[str] = []
+    skeleton: list[str] = []
+    exercise: str | None = None
+    body: list[str] = []
     for number, line in enumerate(source.splitlines(), start=1):
-        if markers.begin.match(line):
+        begin = markers.begin.match(line)
+        if markers.answer_begin is not None and markers.answer_begin.match(line):
+            if answer_since is not None or inside_since is not None:
+                raise MarkerError(f"{where}, line {number}: BEGIN ANSWER inside another block; close it first")
+            answer_since = number
+        elif markers.answer_end is not None and markers.answer_end.match(line):
+            if answer_since is None:
+                raise MarkerError(f"{where}, line {number}: END ANSWER without a BEGIN ANSWER")
+            answer_since = None
+        elif answer_since is not None:
+            continue
+        elif begin:
             if inside_since is not None:
                 raise MarkerError(f"{where}, line {number}: BEGIN SOLUTION inside the block opened on line "
                                   f"{inside_since}; close it with END SOLUTION first")
-            inside_since, indent, hints = number, line[: len(line) - len(line.lstrip())], []
+            exercise = begin.group("id")
+            if exercise is not None and not EXERCISE_ID.fullmatch(exercise):
+                raise MarkerError(f"{where}, line {number}: exercise id {exercise!r} is not of the form NN.k "
+                                  "(notebook number, dot, exercise number), e.g. 13.2")
+            inside_since, indent, hints, skeleton, body = number, line[: len(line) - len(line.lstrip())], [], [], []
         elif markers.end.match(line):
             if inside_since is None:
                 raise MarkerError(f"{where}, line {number}: END SOLUTION without a BEGIN SOLUTION")
             if not hints:
                 raise MarkerError(f"{where}, line {inside_since}: the solution block has no HINT line; add one "
                                   "that tells the participant what to write")
-            out.extend(markers.todo(indent, hints))
+            out.extend(markers.todo(indent, hints, exercise, skeleton))
+            blocks.append(Block(exercise, inside_since, body))
             inside_since = None
         elif inside_since is not None:
             hint = markers.hint.match(line)
+            part = markers.skeleton.match(line) if markers.skeleton is not None else None
             if hint:
                 hints.append(hint.group(1))
+            elif part:
+                skeleton.append(part.group(1))
+            else:
+                body.append(line)
         elif markers.strip_nbval and NBVAL_MARKER.match(line):
             continue
         else:
             out.append(line)
     if inside_since is not None:
         raise MarkerError(f"{where}, line {inside_since}: BEGIN SOLUTION is never closed with END SOLUTION")
-    return "\n".join(out)
+    if answer_since is not None:
+        raise MarkerError(f"{where}, line {answer_since}: BEGIN ANSWER is never closed with END ANSWER")
+    return "\n".join(out), blocks
+
+
+def strip_solutions(source: str, markers: _Markers = CODE, where: str = "cell", check_leaks: bool = True) -> str:
+    """``source`` with every solution block replaced by its TODO (and, for code, nbval markers removed).
+
+    With ``check_leaks`` (the default) a participant cell that still contains a line of its solution
+    (typically a hint that spells the answer) raises :class:`MarkerError`.
+    """
+    participant, blocks = split_blocks(source, markers, where)
+    if check_leaks and blocks:
+        outside, inside = [], False
+        for line in source.splitlines():
+            if markers.begin.match(line):
+                inside = True
+            elif markers.end.match(line):
+                inside = False
+            elif not inside and not line.lstrip().startswith("#"):  # a comment restating the answer leaks it
+                outside.append(line)
+        _leaks(blocks, participant, _normalise("\n".join(outside)), where)
+    return participant
+
+
+def exercises(nb: nbformat.NotebookNode, name: str = "notebook") -> dict[str, tuple[int, Block]]:
+    """Exercise id -> (cell index, solution block) of a solution notebook; ids must be unique and
+    carry the notebook's number (``13.2`` in ``13_triton_basics``)."""
+    found: dict[str, tuple[int, Block]] = {}
+    number = Path(name).name[:2]
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        _, blocks = split_blocks(cell.source, CODE, f"{name}, cell {index}")
+        for block in blocks:
+            if block.exercise is None:
+                continue
+            if block.exercise in found:
+                raise MarkerError(f"{name}, cell {index}: exercise {block.exercise} is already defined in cell "
+                                  f"{found[block.exercise][0]}; give each exercise its own id")
+            if number.isdigit() and not block.exercise.startswith(number + "."):
+                raise MarkerError(f"{name}, cell {index}: exercise {block.exercise} does not carry the notebook's "
+                                  f"number {number} (write {number}.k)")
+            found[block.exercise] = (index, block)
+    return found
 
 
 def participant_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
     """The participant's version of a solution notebook (a new object; ``solution`` is unchanged)."""
     nb = copy.deepcopy(solution)
+    stem = name.removesuffix(".ipynb")
+    check_leaks = stem not in LEGACY_HINTS
+    exercises(solution, name)  # ids unique and numbered after the notebook
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         if cell.cell_type == "code":
-            cell.source = strip_solutions(cell.source, CODE, where)
+            cell.source = strip_solutions(cell.source, CODE, where, check_leaks)
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":
-            cell.source = strip_solutions(cell.source, MARKDOWN, where)
+            cell.source = strip_solutions(cell.source, MARKDOWN, where, check_leaks)
         for key in ("execution", "collapsed", "scrolled"):
             cell.metadata.pop(key, None)
     # Keep only metadata that does not depend on where the solution was last executed, so that

@@ -173,3 +173,15 @@ def load_results(directory: str | os.PathLike[str] | None = None) -> pd.DataFram
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["time"] = pd.to_datetime(table["time"], utc=True)
     return table
+
+
+def latest(figure: str, notebook: str | None = None, default: Any = None,
+           directory: str | os.PathLike[str] | None = None) -> Any:
+    """The most recently recorded value of ``figure`` (from ``notebook`` if given), else ``default``:
+    how a later notebook reads a prediction or a measurement recorded in an earlier one."""
+    for entry in reversed(read_records(directory)):
+        if notebook is not None and entry.get("notebook") != notebook:
+            continue
+        if figure in entry["figures"]:
+            return entry["figures"][figure]
+    return default

@@ -1,0 +1,234 @@
+"""Exercise checks with specific feedback: where an answer is wrong, by how much, and what to look at.
+
+- :func:`compare_outputs` describes how one tensor differs from its reference: the worst element and
+  where it is, the share of elements off, the region the wrong elements occupy (a tail of columns
+  points at a mask), a constant factor (a missing scale), a transposed or misshapen result.
+- :func:`check_function` runs a participant's function and its reference on fresh random inputs over
+  a list of shapes (sizes that are not powers of two included) and passes only if every shape agrees.
+- :func:`check_ratio` compares two timed series by the ratio of their medians, with its spread.
+- :func:`compare_prediction` puts what the participant predicted beside what was measured; it never
+  fails, because a wrong prediction is the lesson, not an error.
+
+A number against an expected range is :func:`tinyllama.course.checkpoints.check_between` (its ``why``
+says where the range comes from). Every check prints ``PASS``/``CHECK`` through
+:func:`~tinyllama.course.checkpoints.checkpoint` and fails the notebook under ``WORKSHOP_STRICT=1``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tinyllama.course.checkpoints import checkpoint
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class Mismatch:
+    """How ``actual`` differs from ``expected`` (both tensors); ``ok`` when every element is within
+    ``atol + rtol * |expected|``."""
+
+    name: str
+    ok: bool
+    problem: str = ""  # a shape or dtype problem that makes an element comparison meaningless
+    numel: int = 0
+    off: int = 0  # elements outside the tolerance (NaN and inf included)
+    worst_index: tuple[int, ...] | None = None
+    worst_actual: float = math.nan
+    worst_expected: float = math.nan
+    worst_error: float = 0.0
+    atol: float = 0.0
+    rtol: float = 0.0
+    notes: list[str] = field(default_factory=list)  # patterns found among the wrong elements
+
+    @property
+    def share_off(self) -> float:
+        """Fraction of the elements outside the tolerance."""
+        return self.off / self.numel if self.numel else 0.0
+
+    def describe(self) -> str:
+        """One paragraph a participant can act on."""
+        if self.problem:
+            return f"{self.name}: {self.problem}"
+        if self.ok:
+            return (f"{self.name}: all {self.numel:,} elements within atol={self.atol:g} + rtol={self.rtol:g}*|ref| "
+                    f"(largest difference {self.worst_error:.3g})")
+        where = ", ".join(str(i) for i in self.worst_index or ())
+        text = (f"{self.name}: {self.off:,} of {self.numel:,} elements ({self.share_off:.1%}) are off; the worst is "
+                f"at index [{where}]: got {self.worst_actual:.6g}, expected {self.worst_expected:.6g} "
+                f"(difference {self.worst_error:.3g}, allowed {self.atol + self.rtol * abs(self.worst_expected):.3g})")
+        return text + "".join(f"; {note}" for note in self.notes)
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+
+def _span(indices: torch.Tensor, size: int, axis_name: str) -> str | None:
+    """'columns 64..99 of 100' when the wrong elements sit in a contiguous part of an axis."""
+    low, high = int(indices.min()), int(indices.max())
+    if high - low + 1 == size:
+        return None
+    return f"{axis_name} {low}..{high} of {size}"
+
+
+def _patterns(diff_ok: torch.Tensor, actual: torch.Tensor, expected: torch.Tensor) -> list[str]:
+    """Patterns among the wrong elements that point at a cause."""
+    notes = []
+    wrong = ~diff_ok
+    if actual.dim() >= 1 and wrong.any():
+        positions = wrong.nonzero()
+        names = ["rows", "columns"] if actual.dim() == 2 else [f"dim {d}" for d in range(actual.dim())]
+        if actual.dim() == 1:
+            names = ["elements"]
+        spans = [_span(positions[:, d], actual.shape[d], names[d]) for d in range(actual.dim())]
+        spans = [s for s in spans if s]
+        if spans:
+            notes.append("the wrong elements lie only in " + " and ".join(spans)
+                         + " (a mask, a block edge or an offset?)")
+    nonfinite = int((~torch.isfinite(actual) & torch.isfinite(expected)).sum())
+    if nonfinite:
+        notes.append(f"{nonfinite:,} elements are NaN or inf where the reference is finite (division by zero, "
+                     "a masked load without `other=`, an overflow?)")
+    finite = torch.isfinite(actual) & torch.isfinite(expected)
+    a, e = actual[finite], expected[finite]
+    denominator = float((e * e).sum())
+    if denominator > 0 and a.numel() > 1:
+        factor = float((a * e).sum()) / denominator
+        residual = float(((a - factor * e) ** 2).sum()) / denominator
+        if residual < 1e-6 and abs(factor - 1.0) > 1e-3:
+            notes.append(f"the result is {factor:.4g} x the reference everywhere (a missing or extra factor: a "
+                         "scale, a square root, 1/N?)")
+    return notes
+
+
+def compare_outputs(actual: Any, expected: Any, atol: float = 1e-5, rtol: float = 1e-5,
+                    name: str = "output") -> Mismatch:
+    """Describe how ``actual`` differs from ``expected`` (tensors or numbers), element by element."""
+    actual_t, expected_t = _as_tensor(actual).detach(), _as_tensor(expected).detach()
+    if actual_t.shape != expected_t.shape:
+        problem = f"shape {tuple(actual_t.shape)} differs from the reference's {tuple(expected_t.shape)}"
+        if actual_t.dim() >= 2 and actual_t.transpose(-1, -2).shape == expected_t.shape:
+            problem += " (transposed? the last two dimensions are swapped)"
+        return Mismatch(name, False, problem=problem, atol=atol, rtol=rtol)
+    a = actual_t.double().cpu()
+    e = expected_t.double().cpu()
+    error = (a - e).abs()
+    allowed = atol + rtol * e.abs()
+    within = error <= allowed  # NaN compares False: it counts as off
+    mismatch = Mismatch(name, bool(within.all()), numel=a.numel(), off=int((~within).sum()), atol=atol, rtol=rtol)
+    if a.numel() == 0:
+        return mismatch
+    # The worst element: the largest error relative to what is allowed there (NaN counts as infinite).
+    badness = torch.nan_to_num(error / allowed.clamp_min(1e-300), nan=math.inf, posinf=math.inf)
+    flat = int(torch.argmax(badness if not mismatch.ok else error))
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
+    mismatch.worst_index = index
+    mismatch.worst_actual, mismatch.worst_expected = float(a[index]), float(e[index])
+    mismatch.worst_error = float(error[index])
+    if not mismatch.ok:
+        if a.dim() >= 2 and a.shape[-1] == a.shape[-2] and torch.allclose(a.transpose(-1, -2), e, atol=atol, rtol=rtol):
+            mismatch.notes.append("it equals the reference transposed (swapped strides or indices?)")
+        mismatch.notes.extend(_patterns(within, a, e))
+    return mismatch
+
+
+def _outputs(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def check_function(name: str, candidate: Callable[..., Any], reference: Callable[..., Any],
+                   make_inputs: Callable[[Shape], Sequence[Any]], shapes: Iterable[Shape], atol: float = 1e-5,
+                   rtol: float = 1e-5, seed: int | None = None, hint: str = "") -> bool:
+    """Run ``candidate(*make_inputs(shape))`` and ``reference(...)`` on the same fresh random inputs for
+    every shape, and pass only if every output agrees within ``atol + rtol * |reference|``.
+
+    ``make_inputs(shape)`` draws from PyTorch's random generator; this function seeds it (with
+    ``seed``, else a fresh random seed that the feedback names, so a failure can be reproduced) and
+    restores the notebook's generator state afterwards. Outputs may be tensors or tuples of tensors.
+    Use shapes that are not powers of two: a missing mask only shows on them.
+    """
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    failures: list[str] = []
+    shapes = [tuple(shape) for shape in shapes]
+    for shape in shapes:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            inputs = tuple(make_inputs(shape))
+        expected = _outputs(reference(*inputs))
+        try:
+            actual = _outputs(candidate(*inputs))
+        except NotImplementedError:  # an exercise not written yet: its own message says what to do
+            raise
+        except Exception as error:  # the participant's code failed: say where, keep the traceback short
+            failures.append(f"shape {shape}: {type(error).__name__}: {error}")
+            continue
+        if len(actual) != len(expected):
+            failures.append(f"shape {shape}: returned {len(actual)} outputs, the reference returns {len(expected)}")
+            continue
+        for number, (a, e) in enumerate(zip(actual, expected)):
+            label = f"shape {shape}" + (f", output {number}" if len(expected) > 1 else "")
+            mismatch = compare_outputs(a, e, atol, rtol, label)
+            if not mismatch.ok:
+                failures.append(mismatch.describe())
+    shown = ", ".join(str(s) for s in shapes)
+    message = (f"{name} differs from the reference on {len(failures)} check(s) (seed {seed}):\n  - "
+               + "\n  - ".join(failures) + (f"\n  {hint}" if hint else ""))
+    return checkpoint(not failures, f"{name} agrees with the reference on fresh random inputs of shapes {shown}",
+                      message)
+
+
+def _quantile(data: Sequence[float], q: float) -> float:
+    ordered = sorted(data)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def ratio_with_spread(numerator: Sequence[float], denominator: Sequence[float]) -> tuple[float, float, float]:
+    """The ratio of the medians of two sample series, and a spread band from their quartiles:
+    (q25(num) / q75(den), median / median, q75(num) / q25(den))."""
+    if not numerator or not denominator:
+        raise ValueError("both series need at least one sample: time each side a few times")
+    ratio = statistics.median(numerator) / statistics.median(denominator)
+    return (_quantile(numerator, 0.25) / _quantile(denominator, 0.75), ratio,
+            _quantile(numerator, 0.75) / _quantile(denominator, 0.25))
+
+
+def check_ratio(name: str, numerator: Sequence[float], denominator: Sequence[float], low: float,
+                high: float = math.inf, why: str = "") -> bool:
+    """The ratio of the medians of two timed series lies in ``[low, high]``; the feedback gives the
+    ratio with its spread band (from the quartiles), so a ratio inside the noise reads as such."""
+    lo, ratio, hi = ratio_with_spread(numerator, denominator)
+    band = f"{ratio:.3g} (spread {lo:.3g}..{hi:.3g}, {len(numerator)} and {len(denominator)} samples)"
+    expected = f"{low:.3g}..{high:.3g}" if math.isfinite(high) else f">= {low:.3g}"
+    reason = f" {why}" if why else ""
+    if low <= ratio <= high:
+        return checkpoint(True, f"{name} = {band}, in the expected range {expected}.{reason}", "")
+    noisy = lo <= high and hi >= low
+    return checkpoint(False, "", f"{name} = {band}, outside the expected range {expected}"
+                      + (" (though its spread reaches into it: repeat the measurement)" if noisy else "")
+                      + f".{reason}")
+
+
+def compare_prediction(name: str, predicted: float | None, measured: float, unit: str = "") -> float | None:
+    """Print the prediction beside the measurement and return measured / predicted (``None`` when no
+    prediction was written). Never fails: a surprise is what the cell is for."""
+    unit = f" {unit}" if unit else ""
+    if predicted is None or (isinstance(predicted, float) and math.isnan(predicted)):
+        print(f"{name}: measured {measured:.4g}{unit}; no prediction was written (write one before you measure)")
+        return None
+    ratio = measured / predicted if predicted else math.inf
+    verdict = ("close to your prediction" if 0.8 <= ratio <= 1.25 else
+               f"{ratio:.2f}x your prediction" if ratio > 1 else f"{1 / ratio:.2f}x below your prediction")
+    print(f"{name}: predicted {predicted:.4g}{unit}, measured {measured:.4g}{unit}: {verdict}")
+    return ratio
