@@ -8,7 +8,19 @@ copy) and drawn next to the datasheet peaks (``tinyllama.device``). Each operato
   such in ``flop_source``;
 - bytes: every input read once and every output written once (tensor sizes: the least traffic with no
   cache reuse and no fusion; ncu or rocprof-compute measure the real DRAM traffic per kernel);
-- time: the PyTorch profiler's self device time of the operator (self CPU time on a CPU).
+- time: the device time of the kernels the operator launched, itself or through the operators it
+  calls (on a CPU: the self CPU time of the operator and of those it calls).
+
+Work and time must describe the same calls. The counting pass sees each operator the way the dispatcher
+runs it (a ``_to_copy``, not the ``copy_`` inside it); the profiler sees every nested operator. So each
+kernel (each slice of CPU time) goes to the outermost operator around it that the counting saw, and
+each operator's work is that of the calls the profiler timed: its work per call, for the same input
+shapes, times the calls timed. For a ``torch.compile``-d model the point-wise and reduction operators
+of the compiled regions no longer run as operators: Inductor fused them into generated kernels
+(``triton_poi_fused_*``...), which are placed as points of their own (:func:`operator_points`).
+
+A point above its roof is an attribution error, not a fast kernel: :func:`check_physical` finds them,
+and :func:`plot_roofline` refuses to draw them.
 
 From these: arithmetic intensity (FLOP/byte), achieved TFLOP/s, the roof that bounds it (memory or
 compute), the attainable rate there, and the time above the roof: where the remaining time sits.
@@ -18,6 +30,8 @@ operators moved.
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +45,8 @@ from torch.utils._pytree import tree_flatten
 from tinyllama import ceilings
 from tinyllama import device as dev
 from tinyllama.profiling.flops import cpu_attention_formulas
-from tinyllama.profiling.torch_profiler import ProfileRun, categorize, profile_steps
+from tinyllama.profiling.torch_profiler import (
+    PHASES, ProfileRun, _is_device, categorize, is_fused_kernel, profile_steps, row_kind)
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -119,12 +134,29 @@ def _qualified(packet: Any) -> str:
     return getattr(packet, "_qualified_op_name", None) or str(packet).replace(".", "::", 1)
 
 
-class _WorkRecorder(TorchDispatchMode):
-    """Records calls, bytes moved and estimated FLOPs of every ATen operator that runs."""
+def _signature(shapes: Sequence[Any], dtypes: Sequence[str] | None) -> tuple | None:
+    """The shapes of an operator call's tensor arguments, as the profiler records them (``record_shapes``):
+    tensor lists, non-tensor arguments and 0-d tensors (a Python number may arrive as either) left out.
+    ``None`` when nothing was recorded."""
+    if shapes is None or dtypes is None or len(dtypes) != len(shapes):
+        return None
+    return tuple(tuple(int(n) for n in shape) for shape, dtype in zip(shapes, dtypes)
+                 if dtype and dtype not in _NOT_TENSORS and shape and all(isinstance(n, int) for n in shape))
 
-    def __init__(self) -> None:
+
+# The profiler's type names of arguments that are not tensors (tensors are named by dtype: "float", "c10::BFloat16").
+_NOT_TENSORS = {"Scalar", "ScalarList", "TensorList", "GenericList", "None", "String", "Device"}
+
+
+class _WorkRecorder(TorchDispatchMode):
+    """Records calls, bytes moved and estimated FLOPs of every ATen operator that runs, in total per
+    operator (``ops``) and per call signature (``calls``: operator and input shapes)."""
+
+    def __init__(self, formulas: Mapping[Any, Callable[..., int]] | None = None) -> None:
         super().__init__()
         self.ops: dict[str, dict[str, Any]] = {}
+        self.calls: dict[tuple[str, tuple], dict[str, float]] = {}
+        self.formulas = formulas or {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -152,6 +184,20 @@ class _WorkRecorder(TorchDispatchMode):
         else:
             flops, source = 0, "none"
         floating = [t.dtype for t in inputs if t.is_floating_point()]
+        counted = flops
+        packet = getattr(func, "_overloadpacket", None)
+        if packet in self.formulas:
+            try:
+                counted = int(self.formulas[packet](*args, **kwargs, out_val=out))
+            except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: keep the estimate
+                counted = flops
+        named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+        signature = tuple(tuple(v.shape) for a in func._schema.arguments
+                          if isinstance(v := named.get(a.name), torch.Tensor) and v.dim() > 0)
+        call = self.calls.setdefault((name, signature), {"calls": 0, "bytes": 0.0, "flops": 0.0})
+        call["calls"] += 1
+        call["bytes"] += nbytes
+        call["flops"] += counted
         record = self.ops.setdefault(name, {"calls": 0, "bytes": 0, "estimated_flops": 0, "flop_source": source,
                                             "dtypes": Counter(), "tf32": False})
         record["calls"] += 1
@@ -169,12 +215,16 @@ def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
     """Run ``fn()`` once and return, per ATen operator: ``operator``, ``category``, ``calls``,
     ``flops`` (counted by ``FlopCounterMode`` where it has a formula, else estimated), ``flop_source``,
     ``bytes`` (inputs read once + outputs written once) and ``precision`` (of its floating inputs;
-    ``tf32`` for fp32 matmuls on a GPU with TF32 allowed)."""
+    ``tf32`` for fp32 matmuls on a GPU with TF32 allowed).
+
+    ``frame.attrs["per_call"]`` holds the same work per call signature: ``{(operator, signature): (calls,
+    flops, bytes)}``, the signature being the shapes of the tensor arguments: :func:`operator_points` uses it
+    to give each operator the work of the calls the profiler timed."""
     from torch.utils.flop_counter import FlopCounterMode
 
     extra = cpu_attention_formulas(gpu_kernels=True)
     counter = FlopCounterMode(display=False, custom_mapping=extra) if extra else FlopCounterMode(display=False)
-    recorder = _WorkRecorder()
+    recorder = _WorkRecorder(getattr(counter, "flop_registry", None))
     with counter, recorder:
         fn()
     counted = {_qualified(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
@@ -190,7 +240,10 @@ def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
             flops, source = r["estimated_flops"], r["flop_source"]
         rows.append({"operator": name, "category": categorize(name), "calls": r["calls"], "flops": flops,
                      "flop_source": source, "bytes": r["bytes"], "precision": precision})
-    return pd.DataFrame(rows).sort_values("flops", ascending=False, ignore_index=True)
+    frame = pd.DataFrame(rows).sort_values("flops", ascending=False, ignore_index=True)
+    # A plain dict (pandas compares attrs when it concatenates frames: a DataFrame there would not compare).
+    frame.attrs["per_call"] = {key: (c["calls"], c["flops"], c["bytes"]) for key, c in recorder.calls.items()}
+    return frame
 
 
 # --------------------------------------------------------------------------------------------------
@@ -211,8 +264,7 @@ def classify(points: pd.DataFrame, roofs: Roofs) -> pd.DataFrame:
     p["intensity"] = p["flops"] / p["bytes"].where(p["bytes"] > 0)
     p["tflops"] = p["flops"] / seconds.where(seconds > 0) / 1e12
     p["tbs"] = p["bytes"] / seconds.where(seconds > 0) / 1e12
-    matmul = p.get("flop_source", pd.Series("flop_counter", index=p.index)) == "flop_counter"
-    p["roof_tflops"] = [roofs.compute(prec) if mm else roofs.compute("fp32") for prec, mm in zip(p["precision"], matmul)]
+    p["roof_tflops"] = _compute_roofs(p, roofs)
     ridge = p["roof_tflops"] / roofs.bandwidth_tbs
     p["bound"] = (p["intensity"] >= ridge).map({True: "compute", False: "memory"}).where(p["intensity"].notna(), "")
     p["attainable_tflops"] = (p["intensity"] * roofs.bandwidth_tbs).clip(upper=p["roof_tflops"])
@@ -225,33 +277,248 @@ def classify(points: pd.DataFrame, roofs: Roofs) -> pd.DataFrame:
     return p
 
 
+def _is_operator(event: Any) -> bool:
+    return row_kind(event.name) == "operator"
+
+
+def _owner(event: Any, counted: set[str]) -> Any:
+    """The outermost operator around ``event`` (itself included) that the counting pass saw: the call
+    whose work was counted (``aten::_to_copy``, not the ``aten::copy_`` that launches its kernel)."""
+    owner, node = None, event
+    while node is not None:
+        if _is_operator(node) and node.name in counted:
+            owner = node
+        node = getattr(node, "cpu_parent", None)
+    return owner
+
+
+def _event_signature(event: Any) -> tuple | None:
+    return _signature(getattr(event, "input_shapes", None), getattr(event, "input_dtypes", None))
+
+
+# Bytes per element of the profiler's dtype names (record_shapes).
+_DTYPE_BYTES = {"double": 8, "float": 4, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "short int": 2,
+                "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+                "c10::complex<float>": 8, "c10::complex<double>": 16}
+_FLOAT_PRECISION = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
+# Operator names in an Inductor kernel's name that compute (the others move data: _to_copy, view, cat...).
+_ARITHMETIC = re.compile(r"^(add|sub|mul|div|neg|pow|rsqrt|sqrt|exp|exp2|log|log1p|sigmoid|silu|tanh|gelu|relu|erf|"
+                         r"cos|sin|mean|sum|amax|amin|max|min|maximum|minimum|where|clamp|abs|reciprocal|addcmul|"
+                         r"addcdiv|lerp|softmax|var|lt|gt|le|ge|eq|ne|threshold|backward|prod|argmax|argmin)$")
+
+
+def _fused_kernel_work(name: str, event: Any) -> tuple[float, float, str, str] | None:
+    """FLOPs, bytes, precision and the source of the numbers of one launch of an Inductor kernel, from
+    its launch range (``record_shapes``): ``None`` where the profiler recorded nothing about it.
+
+    Bytes: Inductor's own count (``kernel_num_gb``, recorded with ``torch._inductor.config.benchmark_kernel``)
+    where present, else every tensor argument read or written once (the least traffic of the kernel: a
+    fused kernel touches its buffers, and nothing in between). FLOPs: Inductor's ``kernel_flop`` where
+    present (templates), else one FLOP per element of the largest argument for each arithmetic operator
+    its name lists (``triton_poi_fused_add_mul_pow_0``: 3): an estimate, which moves the point along the
+    memory roof, never above it, since its rate there is bytes / time."""
+    if event is None or getattr(event, "name", None) != name:
+        return None
+    shapes, dtypes = getattr(event, "input_shapes", None), getattr(event, "input_dtypes", None)
+    extra = getattr(event, "kwinputs", None) or {}
+    tensors = []
+    if shapes is not None and dtypes is not None and len(shapes) == len(dtypes):
+        for shape, dtype in zip(shapes, dtypes):
+            if dtype in _DTYPE_BYTES and all(isinstance(n, int) for n in shape):
+                numel = 1
+                for n in shape:
+                    numel *= int(n)
+                tensors.append((numel, dtype))
+    if "kernel_num_gb" in extra:
+        nbytes, source = float(extra["kernel_num_gb"]) * 1e9, "bytes: Inductor"
+    elif tensors:
+        nbytes, source = float(sum(n * _DTYPE_BYTES[d] for n, d in tensors)), "bytes: kernel arguments once"
+    else:
+        return None
+    floating = Counter(d for _, d in tensors if d in _FLOAT_PRECISION)
+    precision = _FLOAT_PRECISION[floating.most_common(1)[0][0]] if floating else "fp32"
+    if extra.get("kernel_flop"):
+        return float(extra["kernel_flop"]), nbytes, precision, f"flop_counter (Inductor kernel_flop); {source}"
+    fused = re.sub(r"_\d+$", "", name.split("fused_", 1)[-1]) if "fused_" in name else ""
+    ops = max(1, sum(bool(_ARITHMETIC.match(token)) for token in fused.split("_")))
+    largest = max((n for n, _ in tensors), default=0)
+    return float(ops * largest), nbytes, precision, f"estimate: {ops} per element (kernel name); {source}"
+
+
+def _compute_roofs(points: pd.DataFrame, roofs: Roofs) -> list[float]:
+    """The compute roof of each point: its precision's matmul rate for work counted by ``flop_counter``
+    (matmuls, attention: tensor cores), fp32's for the rest (element-wise work runs on the vector units)."""
+    source = points.get("flop_source", pd.Series("flop_counter", index=points.index)).astype(str)
+    matmul = source.str.startswith("flop_counter")
+    return [roofs.compute(prec) if mm else roofs.compute("fp32") for prec, mm in zip(points["precision"], matmul)]
+
+
+# A point may sit above its roof by this much before it is called impossible. The roofs are one
+# measurement each (a large matmul, a large copy that reads and writes: a kernel that mostly reads, or
+# finds part of its data in L2, can run a few percent faster), and the profiler's kernel times jitter
+# by a few percent. An attribution error (one operator's FLOPs over another kernel's time) lands
+# 10x to 1000x above the roof, far beyond this.
+ROOF_TOLERANCE = 0.10
+
+
+class AboveRoofError(ValueError):
+    """Points above their roof: their work was divided by a time that does not belong to it."""
+
+
+class AboveRoofWarning(UserWarning):
+    """Points above their roof were left out of a plot."""
+
+
+def check_physical(points: pd.DataFrame, roofs: Roofs, tolerance: float = ROOF_TOLERANCE, *,
+                   strict: bool = False) -> pd.DataFrame:
+    """The points whose achieved rate exceeds the attainable one, ``min(compute roof of their precision,
+    bandwidth x intensity)``, by more than ``tolerance`` (a fraction: see :data:`ROOF_TOLERANCE`): no
+    kernel can run there, so their FLOPs, bytes or time were attributed wrongly. Each roof is the higher
+    of the measured one and the datasheet's (where known): the measured roofs are what one benchmark
+    reached, and a kernel may beat them (a read-mostly kernel beats a copy); the datasheet it cannot. Returns those rows
+    with ``attainable_tflops`` and ``roof_ratio`` (achieved / attainable); empty when every point is
+    physically possible. ``strict`` raises :class:`AboveRoofError` naming them instead.
+
+    Points without FLOPs, bytes or time are not on the plot and are not checked."""
+    p = points.copy()
+    ok = (p["flops"] > 0) & (p["bytes"] > 0) & (p["time_ms"] > 0)
+    p = p[ok]
+    if p.empty:
+        return p.assign(attainable_tflops=pd.Series(dtype=float), roof_ratio=pd.Series(dtype=float))
+    achieved = p["flops"] / (p["time_ms"] / 1e3) / 1e12
+    intensity = p["flops"] / p["bytes"]
+    peaks = Roofs(roofs.device, {k: max(v, roofs.datasheet_tflops.get(k) or 0.0) for k, v in roofs.compute_tflops.items()},
+                  max(roofs.bandwidth_tbs, roofs.datasheet_tbs or 0.0))
+    attainable = pd.concat([pd.Series(_compute_roofs(p, peaks), index=p.index), intensity * peaks.bandwidth_tbs],
+                           axis=1).min(axis=1)
+    p["tflops"], p["intensity"], p["attainable_tflops"] = achieved, intensity, attainable
+    p["roof_ratio"] = achieved / attainable
+    above = p[p["roof_ratio"] > 1.0 + tolerance].sort_values("roof_ratio", ascending=False)
+    if strict and len(above):
+        raise AboveRoofError(f"{len(above)} point(s) above the roof by more than {tolerance:.0%}: "
+                             + _describe(above))
+    return above
+
+
+def _describe(above: pd.DataFrame) -> str:
+    label = above["label"] if "label" in above else pd.Series("", index=above.index)
+    return "; ".join(f"{(lab + ': ') if lab else ''}{op} at {t:.3g} TFLOP/s, {r:.3g}x its roof {a:.3g}"
+                     for lab, op, t, r, a in zip(label, above["operator"], above["tflops"], above["roof_ratio"],
+                                                 above["attainable_tflops"]))
+
+
 def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: str = "") -> pd.DataFrame:
-    """Join :func:`count_operator_work` (one step) with the profiler's time per operator (per step) and
-    :func:`classify` them. Time the profiler measured on operators the counting did not see (or on
-    kernels no operator launched) is kept as one row named :data:`UNATTRIBUTED`."""
-    ops = run.operators()
-    ops = ops[ops["kind"] == "operator"]
-    column = "self_device_ms" if run.on_device else "self_cpu_ms"
-    time = dict(zip(ops["name"], ops[column]))
-    points = work.copy()
-    points["time_ms"] = points["operator"].map(time).fillna(0.0)
-    measured = run.kernels()["total_ns"].sum() / 1e6 / run.steps if run.on_device else float(ops[column].sum())
+    """Join :func:`count_operator_work` (one step) with the profiler's time (per step) and :func:`classify`
+    the points. Work and time describe the same calls:
+
+    - time: each device kernel (each slice of self CPU time on a CPU) goes to the outermost operator
+      around its launch that the counting saw (:func:`_owner`), never to an operator by name alone;
+    - work: per operator, its work per call for the input shapes the profiler recorded
+      (``work.attrs["per_call"]``, with ``record_shapes``), times the calls the profiler timed; without
+      shapes, its average work per call times those calls. Work counted on calls that did not run as
+      operators (fused into compiled kernels) is on no operator's point;
+    - kernels ``torch.compile`` generated (``triton_poi_fused_*``, ``triton_red_fused_*``,
+      ``triton_per_fused_*``, ``triton_tem_fused_*``) are one point each (``kind`` ``fused kernel``),
+      with their own device time and the work of :func:`_fused_kernel_work` (from their launch range;
+      with no shapes recorded they keep their time and no work). One launched inside another range
+      has no launch record: its time goes to the "kernels outside ATen ops" rows.
+
+    Time on kernels no counted operator launched is kept in rows without work: one per category of
+    kernels launched outside ATen operators, and :data:`UNATTRIBUTED` for the rest.
+    """
+    steps = max(run.steps, 1)
+    counted = set(work["operator"])
+    exact = {(op, tuple(sig)): (flops / n, nbytes / n)
+             for (op, sig), (n, flops, nbytes) in (work.attrs.get("per_call") or {}).items() if n}
+    average = {r.operator: (r.flops / r.calls, r.bytes / r.calls) if r.calls else (0.0, 0.0)
+               for r in work.itertuples(index=False)}
+
+    events = [e for e in run.profiler.events() if not _is_device(e)]
+    calls: Counter = Counter()  # (operator, signature) -> timed calls whose work was counted
+    for event in events:
+        if _is_operator(event) and event.name in counted and _owner(event, counted) is event:
+            calls[(event.name, _event_signature(event))] += 1
+    time: Counter = Counter()  # operator -> microseconds
+    fused: dict[str, dict[str, Any]] = {}
+    outside: Counter = Counter()
     if run.on_device:
-        # Kernels no ATen operator launched (compiled or Triton code): time known, work not counted here.
-        outside = run.kernels_outside_operators().groupby("category", as_index=False)["time_ms"].sum()
-        if len(outside):
-            points = pd.concat([points, pd.DataFrame({
-                "operator": [f"(kernels outside ATen ops: {c})" for c in outside["category"]],
-                "category": outside["category"], "calls": 0, "flops": 0, "flop_source": "none", "bytes": 0,
-                "precision": "none", "time_ms": outside["time_ms"]})], ignore_index=True)
-    rest = measured - points["time_ms"].sum()
-    if rest > 1e-6 * max(measured, 1e-9):
+        for event in events:
+            for kernel in getattr(event, "kernels", []):
+                if (kernel.name == event.name and not is_fused_kernel(kernel.name)) or kernel.name in PHASES \
+                        or kernel.name.startswith("ProfilerStep#"):
+                    continue  # the device-side copy of a range, not a kernel
+                if is_fused_kernel(kernel.name) and kernel.name == event.name:  # launched from its own range
+                    f = fused.setdefault(kernel.name, {"us": 0.0, "launches": 0, "flops": 0.0, "bytes": 0.0,
+                                                       "unknown": 0, "precision": "fp32", "source": "none"})
+                    f["us"] += kernel.duration
+                    f["launches"] += 1
+                    found = _fused_kernel_work(kernel.name, event)
+                    if found is None:
+                        f["unknown"] += 1
+                    else:
+                        f["flops"] += found[0]
+                        f["bytes"] += found[1]
+                        f["precision"], f["source"] = found[2], found[3]
+                    continue
+                owner = _owner(event, counted)
+                if owner is not None:
+                    time[owner.name] += kernel.duration
+                elif not _is_operator(event):
+                    outside[categorize(kernel.name)] += kernel.duration
+                # a kernel of an operator the counting did not see: its time stays unattributed
+        measured = run.kernels()["total_ns"].sum() / 1e3 / steps
+    else:
+        for event in events:
+            if _is_operator(event):
+                owner = _owner(event, counted)
+                if owner is not None:
+                    time[owner.name] += _attr_us(event)
+        ops = run.operators()
+        measured = float(ops.loc[ops["kind"] == "operator", "self_cpu_ms"].sum()) * 1e3
+
+    rows = []
+    for r in work.itertuples(index=False):
+        timed = {sig: n for (name, sig), n in calls.items() if name == r.operator}
+        if not timed and not time.get(r.operator):
+            continue  # never ran as an operator in the timed steps (fused into compiled code)
+        flops = nbytes = 0.0
+        approximated = False
+        for sig, n in timed.items():
+            per = exact.get((r.operator, sig)) if sig is not None else None
+            if per is None:
+                per, approximated = average[r.operator], True
+            flops += per[0] * n / steps
+            nbytes += per[1] * n / steps
+        source = r.flop_source + ("; average per call" if approximated and exact else "")
+        rows.append({"operator": r.operator, "kind": "operator", "category": r.category,
+                     "calls": sum(timed.values()) / steps, "flops": flops, "flop_source": source, "bytes": nbytes,
+                     "precision": r.precision, "time_ms": time.get(r.operator, 0.0) / 1e3 / steps})
+    for name, f in fused.items():
+        known = f["unknown"] == 0
+        rows.append({"operator": name, "kind": "fused kernel", "category": categorize(name),
+                     "calls": f["launches"] / steps, "flops": f["flops"] / steps if known else 0.0,
+                     "flop_source": f["source"] if known else "none: launch not recorded",
+                     "bytes": f["bytes"] / steps if known else 0.0, "precision": f["precision"],
+                     "time_ms": f["us"] / 1e3 / steps})
+    for category, us in outside.items():
+        rows.append({"operator": f"(kernels outside ATen ops: {category})", "kind": "other", "category": category,
+                     "calls": 0, "flops": 0, "flop_source": "none", "bytes": 0, "precision": "none",
+                     "time_ms": us / 1e3 / steps})
+    points = pd.DataFrame(rows, columns=["operator", "kind", "category", "calls", "flops", "flop_source", "bytes",
+                                         "precision", "time_ms"])
+    rest = measured / 1e3 - points["time_ms"].sum()
+    if rest > 1e-6 * max(measured / 1e3, 1e-9):
         points = pd.concat([points, pd.DataFrame([{
-            "operator": UNATTRIBUTED, "category": "other", "calls": 0, "flops": 0, "flop_source": "none",
-            "bytes": 0, "precision": "none", "time_ms": rest}])], ignore_index=True)
+            "operator": UNATTRIBUTED, "kind": "other", "category": "other", "calls": 0, "flops": 0,
+            "flop_source": "none", "bytes": 0, "precision": "none", "time_ms": rest}])], ignore_index=True)
     points = classify(points, roofs)
     points.insert(0, "label", label)
     return points.sort_values("time_ms", ascending=False, ignore_index=True)
+
+
+def _attr_us(event: Any) -> float:
+    value = getattr(event, "self_cpu_time_total", None)
+    return float(value) if value is not None else 0.0
 
 
 def roofline_points(
@@ -259,17 +526,19 @@ def roofline_points(
     warmup: int = 1, active: int = 3, count_fn: Callable[[], Any] | None = None,
 ) -> pd.DataFrame:
     """The roofline points of the operators of ``step_fn()``: one counting pass (FLOPs and bytes),
-    then ``warmup`` + ``active`` profiled calls (time); see :func:`operator_points`.
+    then ``warmup`` + ``active`` profiled calls with their shapes (time); see :func:`operator_points`.
 
     For a ``torch.compile``-d model pass ``count_fn``, the same step of an uncompiled twin: compiled
-    code does not run operator by operator, so its work is counted on the eager graph, and the time of
-    its fused kernels appears in the "kernels outside ATen ops" rows.
+    code does not run operator by operator, so the work of the operators it still calls (matmuls,
+    attention, the uncompiled parts) is counted on the eager graph, per call signature, and its fused
+    kernels are points of their own. Set ``torch._inductor.config.benchmark_kernel = True`` before
+    compiling to have Inductor record each kernel's bytes (and a template's FLOPs) with its launch.
     """
     device = dev.get_device(None if device is None else str(device))
     step_fn()  # warm: compilation, autotuning and lazy state must not be counted or timed
     dev.synchronize(device)
     work = count_operator_work(count_fn or step_fn)
-    run = profile_steps(step_fn, device=device, wait=0, warmup=warmup, active=active)
+    run = profile_steps(step_fn, device=device, wait=0, warmup=warmup, active=active, record_shapes=True)
     return operator_points(work, run, roofs, label)
 
 
@@ -327,13 +596,17 @@ _STYLES = [("tab:red", "o"), ("tab:blue", "s"), ("tab:green", "^"), ("tab:purple
 
 def plot_roofline(
     points: pd.DataFrame | Mapping[str, pd.DataFrame], roofs: Roofs, path: str | Path | None = None, *,
-    top: int = 6, title: str = "", arrows: bool = True,
+    top: int = 6, title: str = "", arrows: bool = True, tolerance: float = ROOF_TOLERANCE, strict: bool = False,
 ) -> Any:
     """A log-log roofline: measured roofs (solid) and datasheet peaks (dashed), each version's operators
     as points sized by their share of the step time, the ``top`` operators of each labelled, and arrows
     from the first version's operators to the same operators in the next one. Saved to ``path`` if
     given; returns the matplotlib figure. Points without FLOPs or bytes (copies, unmatched time) cannot
-    be placed on these axes: the legend says how much time they hold."""
+    be placed on these axes: the legend says how much time they hold.
+
+    A roofline must be physically possible: points above their roof by more than ``tolerance``
+    (:func:`check_physical`) are not drawn; an :class:`AboveRoofWarning` names them and the plot says
+    how many were left out. ``strict`` raises :class:`AboveRoofError` instead."""
     import matplotlib
 
     if path is not None:
@@ -346,6 +619,16 @@ def plot_roofline(
     if not versions:
         raise ValueError("no points to plot: pass the DataFrame of roofline_points() or a dict of them")
     placeable = {k: v[(v["flops"] > 0) & (v["bytes"] > 0) & (v["time_ms"] > 0)] for k, v in versions.items()}
+    excluded: dict[str, pd.DataFrame] = {}
+    for k, v in placeable.items():
+        above = check_physical(v.assign(label=k), roofs, tolerance, strict=strict)
+        if len(above):
+            excluded[k] = above
+            placeable[k] = v.drop(index=above.index)
+            message = (f"roofline: {len(above)} point(s) of {k} above the roof by more than {tolerance:.0%} "
+                       f"not drawn (work and time that do not belong together, or a roof measured too low): {_describe(above)}")
+            warnings.warn(message, AboveRoofWarning, stacklevel=2)
+            print(message)
     intensities = pd.concat([v["intensity"] for v in placeable.values()])
     precisions = sorted({p for v in placeable.values() for p in v["precision"] if p in roofs.compute_tflops} | {"fp32"},
                         key=lambda p: roofs.compute(p))
@@ -370,9 +653,10 @@ def plot_roofline(
         total = versions[label]["time_ms"].sum()
         hidden = versions[label]["time_ms"].sum() - frame["time_ms"].sum()
         share = frame["time_ms"] / total if total else frame["time_ms"] * 0
+        dropped = f"; {len(excluded[label])} above the roof not drawn" if label in excluded else ""
         ax.scatter(frame["intensity"], frame["tflops"], s=20 + 900 * share, color=color, marker=marker, alpha=0.6,
                    edgecolor="black", linewidth=0.5,
-                   label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable)")
+                   label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable{dropped})")
         for _, row in frame.nlargest(top, "time_ms").iterrows():
             name = row["operator"].replace("aten::", "")
             ax.annotate(name if len(name) <= 30 else name[:27] + "...", (row["intensity"], row["tflops"]), fontsize=8,

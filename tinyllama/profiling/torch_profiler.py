@@ -80,6 +80,18 @@ def categorize(name: str) -> str:
     return OTHER
 
 
+# Kernels that torch.compile (Inductor) generates: ``triton_poi_fused_*`` (point-wise), ``triton_red_fused_*``
+# and ``triton_per_fused_*`` (reductions), ``triton_tem_fused_*`` (templates: matmul with fused epilogue),
+# ``cpp_fused_*`` on a CPU. Inductor wraps each launch in a profiler range of the kernel's own name.
+_FUSED_KERNEL = re.compile(r"^(triton|cpp)_(poi|red|per|tem|for|mix)_|^triton_.*fused")
+
+
+def is_fused_kernel(name: str) -> bool:
+    """Whether ``name`` is a kernel ``torch.compile`` generated (``triton_poi_fused_add_mul_0``). The
+    profiler records its launch as a host range of the same name, which is not a user range."""
+    return bool(_FUSED_KERNEL.search(name))
+
+
 def row_kind(name: str, is_annotation: bool = False) -> str:
     """``operator``, ``runtime`` (cudaLaunchKernel, hipMemcpy...), ``autograd`` or ``annotation``."""
     if is_annotation or name.startswith(("ProfilerStep#", "## ")) or "#" in name or name in PHASES:
@@ -214,7 +226,7 @@ class ProfileRun:
                        if not _is_device(e) and row_kind(e.key, bool(getattr(e, "is_user_annotation", False))) == "annotation"}
         rows = []
         for e in self.profiler.key_averages():
-            if not _is_device(e) or e.key in annotations or e.key.startswith("ProfilerStep#"):
+            if not _is_device(e) or (e.key in annotations and not is_fused_kernel(e.key)) or e.key.startswith("ProfilerStep#"):
                 continue
             total_ns = _attr(e, "self_device_time_total", "self_cuda_time_total") * 1e3
             rows.append({"kernel": e.key, "calls": e.count, "total_ns": total_ns, "mean_ns": total_ns / max(e.count, 1),
@@ -296,9 +308,10 @@ class ProfileRun:
 
 def _launched_kernels(event: Any) -> list[Any]:
     """The device kernels linked to a host event, without the device-side copy of a range
-    (``gpu_user_annotation``: same name as the range, spanning every kernel inside it)."""
-    return [k for k in getattr(event, "kernels", []) if k.name != event.name and k.name not in PHASES
-            and not k.name.startswith("ProfilerStep#")]
+    (``gpu_user_annotation``: same name as the range, spanning every kernel inside it). A kernel
+    ``torch.compile`` generated has the name of its launch range too, and is kept."""
+    return [k for k in getattr(event, "kernels", []) if (k.name != event.name or is_fused_kernel(k.name))
+            and k.name not in PHASES and not k.name.startswith("ProfilerStep#")]
 
 
 def _phase_of(event: Any, include_self: bool = False) -> str:
