@@ -18,6 +18,7 @@ from tinyllama.profiling.memory import (
     memory_breakdown, memory_snapshot, memory_timeline, phase_memory, plot_memory_timeline,
     plot_snapshot_timeline, snapshot_timeline,
 )
+from tinyllama.profiling.attribution import attribute
 from tinyllama.profiling.roofline import (
     Roofs, category_summary, classify, compare_points, count_operator_work, kernel_points, measure_roofs,
     operator_points, plot_roofline, roofline_points,
@@ -30,7 +31,7 @@ from tinyllama.profiling.vendor import (
 )
 
 __all__ = [
-    "CATEGORIES", "KERNEL_COLUMNS", "CountComparison", "DeepSpeedMissing", "DeepSpeedProfile", "FlopCount",
+    "CATEGORIES", "KERNEL_COLUMNS", "CountComparison", "attribute", "DeepSpeedMissing", "DeepSpeedProfile", "FlopCount",
     "Overhead", "ProfileRun", "ProfilerCommand", "ProfilerNotFoundError", "Roofs", "bench_target", "build_command",
     "categorize", "category_summary", "classify", "compare_counts", "compare_points", "count_flops",
     "count_operator_work", "deepspeed_available", "deepspeed_profile", "detect_tools", "kernel_points",
