@@ -1,0 +1,146 @@
+"""Notebook 11 (finding the bottlenecks): each exercise's check catches a plausible wrong answer, and the
+module-by-module profile attributes forward and backward work to the modules that ran it."""
+
+import pytest
+import torch
+
+from tinyllama.bench import TrainingStep, make_batches
+from tinyllama.config import get_preset
+from tinyllama.course import bottlenecks
+from tinyllama.course.checkpoints import CheckpointFailed
+from tinyllama.models import build
+from tinyllama.profiling import modules
+
+PRESET = get_preset("ci")
+CONFIG = PRESET.model
+
+
+@pytest.fixture(autouse=True)
+def lenient(monkeypatch):
+    monkeypatch.delenv("WORKSHOP_STRICT", raising=False)
+
+
+def reference_classify(operator, module):
+    name = operator.split("::")[-1]
+    part = module.rsplit(".", 1)[-1]
+    if part in ("", "embed", "lm_head"):
+        return "other"
+    if "norm" in part:
+        return "norm"
+    if part == "attn":
+        return "attention"
+    if part.endswith("_proj") and name in ("mm", "addmm", "matmul", "linear", "bmm"):
+        return "attn_proj" if part in ("q_proj", "k_proj", "v_proj", "o_proj") else "ffn"
+    return "elementwise"
+
+
+def by_name_only(operator, module):
+    """A classification from the operator name alone: the mistake exercise 11.1 is about."""
+    name = operator.split("::")[-1]
+    if "softmax" in name or name in ("bmm", "masked_fill"):
+        return "attention"
+    if name in ("mm", "addmm"):
+        return "ffn"
+    if name in ("mean", "rsqrt", "pow"):
+        return "norm"
+    return "elementwise"
+
+
+def test_classifier_check_passes_the_reference_and_names_the_wrong_cases(capsys):
+    assert bottlenecks.check_classifier(reference_classify)
+    assert not bottlenecks.check_classifier(by_name_only)
+    out = capsys.readouterr().out
+    assert "classify('aten::_log_softmax', '')" in out and "loss" in out
+    assert "classify('aten::mm', 'layers.0.attn.q_proj')" in out
+
+
+def test_classifier_check_fails_loudly_under_strict(monkeypatch):
+    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+    with pytest.raises(CheckpointFailed):
+        bottlenecks.check_classifier(by_name_only)
+
+
+def test_classifier_check_passes_a_not_written_exercise_through():
+    def not_written(operator, module):
+        raise NotImplementedError("exercise 11.1")
+
+    with pytest.raises(NotImplementedError):
+        bottlenecks.check_classifier(not_written)
+
+
+@pytest.mark.parametrize("factor, words", [(1 / 3, "forward"), (1 / 2, "MACs"), (100.0, "percentage"),
+                                           (1e3, "milliseconds")])
+def test_mfu_check_recognises_the_usual_slips(capsys, factor, words):
+    forward, step_ms, ceiling = 4e12, 100.0, 400.0
+    right = 3 * forward / (step_ms / 1e3) / (ceiling * 1e12)
+    assert bottlenecks.check_mfu(right, forward, step_ms, ceiling)
+    capsys.readouterr()
+    assert not bottlenecks.check_mfu(right * factor, forward, step_ms, ceiling)
+    assert words in capsys.readouterr().out
+
+
+def _roof(flops, nbytes, peak, bandwidth):
+    return 1e3 * torch.maximum(flops / (peak * 1e12), nbytes / (bandwidth * 1e12))
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda f, b, p, w: 1e3 * (f / (p * 1e12) + b / (w * 1e12)),  # adds the two times
+    lambda f, b, p, w: 1e3 * torch.minimum(f / (p * 1e12), b / (w * 1e12)),  # the smaller one
+    lambda f, b, p, w: torch.maximum(f / (p * 1e12), b / (w * 1e12)),  # seconds, not milliseconds
+])
+def test_roof_time_check(wrong):
+    assert bottlenecks.check_roof_time(_roof)
+    assert not bottlenecks.check_roof_time(wrong)
+
+
+def test_step_speedup_check():
+    assert bottlenecks.check_step_speedup(lambda s, k: 1 / ((1 - s) + s / k))
+    assert not bottlenecks.check_step_speedup(lambda s, k: (1 - s) + s / k)  # the new time, not the ratio
+    assert not bottlenecks.check_step_speedup(lambda s, k: 1 + s * (k - 1))  # the touched part scaled up
+
+
+def test_predictions_and_rank_are_checked_for_plausibility_only():
+    assert bottlenecks.check_prediction("p", 1.0) and bottlenecks.check_prediction("p", 3.5)
+    assert not bottlenecks.check_prediction("p", 0.8) and not bottlenecks.check_prediction("p", 25.0)
+    assert bottlenecks.check_rank("attention>ffn>elementwise>norm")
+    assert not bottlenecks.check_rank("attention")
+    assert not bottlenecks.check_rank("attention>mlp")
+    assert not bottlenecks.check_rank("ffn>ffn")
+
+
+def test_module_ranges_are_removed_afterwards():
+    model = build("v1", CONFIG)
+    with modules.module_ranges(model) as names:
+        assert "layers.0.attn.q_proj" in names and "" not in names
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_profile_credits_forward_and_backward_to_their_modules():
+    torch.manual_seed(0)
+    model = build("v1", CONFIG)
+    step = TrainingStep(model, "fp32", "cpu")
+    (inputs, targets), = make_batches(CONFIG, PRESET.batch_size, PRESET.seq_len, count=1)
+    run, ops = modules.profile_modules(lambda: step(inputs, targets), model, device="cpu", wait=0, warmup=1,
+                                       active=1)
+    assert list(ops.columns) == modules.COLUMNS
+    mm = ops[ops["operator"] == "aten::mm"]
+    forward = mm[mm["phase"] == "forward"].set_index("module")["calls_per_step"]
+    backward = mm[mm["phase"] == "backward"].set_index("module")["calls_per_step"]
+    # each projection: one product forward, two backward (input and weight gradients), in its own module
+    projections = [f"layers.{i}.{p}" for i in range(CONFIG.num_layers)
+                   for p in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")] + ["lm_head"]
+    assert sorted(forward.index) == sorted(projections) and set(forward) == {1.0}
+    assert sorted(backward.index) == sorted(projections) and set(backward) == {2.0}
+    softmax_backward = ops[ops["operator"] == "aten::_softmax_backward_data"]
+    assert set(softmax_backward["module"]) == {f"layers.{i}.attn" for i in range(CONFIG.num_layers)}
+    assert set(ops.loc[ops["phase"] == "optimizer", "module"]) == {modules.OUTSIDE}
+    # the time of every operator is counted once
+    operators = run.operators()
+    assert ops["time_ms"].sum() == pytest.approx(operators.loc[operators["kind"] == "operator", "self_cpu_ms"].sum(),
+                                                 rel=1e-6)
+    # FLOPs: the profiler's matmul estimate covers the analytic count of a step
+    from tinyllama import flops
+    assert ops["flops"].sum() >= flops.training_flops(CONFIG, PRESET.batch_size, PRESET.seq_len)
+    classified = {reference_classify(o, m) for o, m in zip(ops["operator"], ops["module"])}
+    assert classified == set(bottlenecks.CATEGORIES)

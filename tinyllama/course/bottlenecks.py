@@ -1,0 +1,176 @@
+"""The checks of notebook 11 (finding the bottlenecks of V1), with feedback that names the likely mistake.
+
+- :func:`check_classifier`: a participant's ``classify(operator, module)`` against known cases, the
+  tricky ones included (a softmax that belongs to the loss, a multiply inside RMSNorm, an add inside a
+  projection's backward), each with the reason for its category;
+- :func:`check_mfu`: an MFU against the value its inputs give, with the usual slips recognised by
+  their factor (forward FLOPs only, MACs for FLOPs, percent for a fraction, milliseconds for seconds);
+- :func:`check_roof_time`: a participant's time-at-the-roof function on fresh random operators;
+- :func:`check_step_speedup`: a participant's Amdahl's-law step speed-up on fresh random shares;
+- :func:`check_prediction`: a predicted step speed-up is a plausible number (not graded).
+
+The categories are those of :data:`CATEGORIES`; each one is the target of one remedy of notebooks
+12-17 (fused projections, fused kernels, flash attention, compilation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from tinyllama.course.checkpoints import check_between, checkpoint
+from tinyllama.course.feedback import check_function
+
+CATEGORIES = ("attention", "attn_proj", "ffn", "norm", "elementwise", "other")
+LABELS = {
+    "attention": "attention core (scores, mask, softmax, p·v)",
+    "attn_proj": "attention projections (q, k, v, o GEMMs)",
+    "ffn": "feed-forward GEMMs (gate, up, down)",
+    "norm": "RMSNorm",
+    "elementwise": "element-wise (RoPE, SiLU·up, residual adds, casts)",
+    "other": "other (embedding, output head, loss, optimizer)",
+}
+
+# (operator, module, expected category, why): module paths as the profile of V1 names them.
+CASES: list[tuple[str, str, str, str]] = [
+    ("aten::mm", "layers.3.mlp.down_proj", "ffn", "a matrix multiply inside a feed-forward projection"),
+    ("aten::mm", "layers.0.mlp.gate_proj", "ffn", "backward matmuls of the gate projection are feed-forward GEMMs too"),
+    ("aten::mm", "layers.0.attn.q_proj", "attn_proj", "the query projection: a GEMM that fused projections change"),
+    ("aten::addmm", "layers.2.attn.o_proj", "attn_proj", "the output projection of attention (addmm: a GEMM with a bias)"),
+    ("aten::bmm", "layers.0.attn", "attention", "q kᵀ and p v are GEMMs, but they belong to the attention core "
+                                               "that flash attention replaces, not to a projection"),
+    ("aten::_softmax", "layers.2.attn", "attention", "the softmax over the attention scores"),
+    ("aten::masked_fill", "layers.1.attn", "attention", "the causal mask is part of the attention core"),
+    ("aten::_softmax_backward_data", "layers.1.attn", "attention", "the softmax's backward, still attention"),
+    ("aten::repeat_interleave", "layers.0.attn", "attention", "copying K/V heads for their query heads (GQA)"),
+    ("aten::_log_softmax", "", "other", "the loss's log-softmax, outside every block: not attention despite "
+                                         "'softmax' in its name"),
+    ("aten::mul", "layers.1.attn_norm", "norm", "a multiply inside RMSNorm is normalisation work"),
+    ("aten::mean", "norm", "norm", "the final norm (module 'norm') is RMSNorm too"),
+    ("aten::mul", "layers.1.mlp", "elementwise", "SwiGLU's silu(gate) * up: element-wise, not a GEMM"),
+    ("aten::silu_backward", "layers.0.mlp", "elementwise", "the backward of SiLU"),
+    ("aten::mul", "layers.1.attn.rope", "elementwise", "RoPE rotates with multiplies and adds"),
+    ("aten::cat", "layers.1.attn.rope", "elementwise", "RoPE's half rotation: a copy-like element-wise op"),
+    ("aten::add", "layers.4", "elementwise", "the residual add of a block"),
+    ("aten::add", "layers.0.attn.k_proj", "elementwise", "in the backward, an add inside a projection sums the "
+                                                        "gradients of its input: element-wise, not a GEMM"),
+    ("aten::mm", "lm_head", "other", "the output head: a GEMM, but neither attention nor feed-forward"),
+    ("aten::embedding_dense_backward", "embed", "other", "the embedding's backward"),
+    ("aten::_foreach_mul_", "", "other", "the optimizer: 'mul' in its name, but outside every module"),
+]
+
+
+def check_classifier(classify: Callable[[str, str], str]) -> bool:
+    """``classify(operator, module)`` gives the expected category for every case of :data:`CASES`."""
+    wrong = []
+    for operator, module, expected, why in CASES:
+        try:
+            got = classify(operator, module)
+        except NotImplementedError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the participant's code: say where it failed
+            got = f"{type(error).__name__}: {error}"
+        if got != expected:
+            wrong.append(f"classify({operator!r}, {module!r}) gave {got!r}, expected {expected!r}: {why}")
+    unknown = sorted({c for *_, c, _ in CASES} - set(CATEGORIES))
+    assert not unknown, unknown
+    return checkpoint(not wrong, f"classify puts all {len(CASES)} known operators in the right category",
+                      f"{len(wrong)} of {len(CASES)} operators in the wrong category (categories: "
+                      f"{', '.join(CATEGORIES)}):\n  - " + "\n  - ".join(wrong))
+
+
+# Factors by which a plausible slip moves an MFU, and the slip.
+_MFU_SLIPS = [
+    (1 / 3, "a third of the expected value: were only the forward pass's FLOPs counted? A training step is "
+            "forward + backward, and the backward does about twice the forward's matmul work"),
+    (1 / 2, "half the expected value: were multiply-accumulates (MACs) taken for FLOPs? One MAC is two FLOPs"),
+    (1 / 6, "a sixth of the expected value: forward only, and MACs instead of FLOPs"),
+    (100.0, "100x the expected value: a percentage where a fraction was asked for (0.25, not 25)"),
+    (1e3, "1000x the expected value: milliseconds used as seconds? Divide a time in ms by 1e3 for seconds"),
+    (1e-3, "1/1000 of the expected value: seconds and milliseconds swapped, or TFLOP/s and GFLOP/s"),
+    (1e12, "1e12 times the expected value: the ceiling is in TFLOP/s, multiply it by 1e12 for FLOP/s"),
+    (1e-12, "1e-12 times the expected value: FLOP/s divided by TFLOP/s without the 1e12"),
+]
+
+
+def slip_hint(value: float, expected: float, slips: list[tuple[float, str]], tolerance: float = 0.1) -> str:
+    """The slip whose factor ``value / expected`` matches (within ``tolerance``, relative), else ''."""
+    if not (math.isfinite(value) and expected and value):
+        return ""
+    ratio = value / expected
+    for factor, text in slips:
+        if abs(ratio / factor - 1) <= tolerance:
+            return text
+    return ""
+
+
+def check_mfu(mfu: float, forward_flops: float, step_ms: float, ceiling_tflops: float) -> bool:
+    """``mfu`` (a fraction) against the FLOPs of one training step (3 x ``forward_flops``: the backward
+    does twice the forward's matmul work) / step time / measured ceiling."""
+    training_flops = 3 * forward_flops
+    expected = training_flops / (step_ms / 1e3) / (ceiling_tflops * 1e12)
+    hint = slip_hint(float(mfu), expected, _MFU_SLIPS)
+    return check_between("MFU", float(mfu), 0.97 * expected, 1.03 * expected, hint=hint,
+                         why=f"FLOPs of one training step (3 x forward = {training_flops:.3g}) / step time ({step_ms:.4g} ms) / "
+                             f"the measured ceiling ({ceiling_tflops:.4g} TFLOP/s) gives {expected:.4g}.")
+
+
+def _roof_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """Random operators spanning memory-bound and compute-bound, and a random device."""
+    flops = torch.exp(torch.empty(shape, dtype=torch.float64).uniform_(math.log(1e3), math.log(1e13)))
+    nbytes = torch.exp(torch.empty(shape, dtype=torch.float64).uniform_(math.log(1e3), math.log(1e11)))
+    peak_tflops = float(torch.empty(()).uniform_(0.05, 1000.0))
+    bandwidth_tbs = float(torch.empty(()).uniform_(0.01, 6.0))
+    return flops, nbytes, peak_tflops, bandwidth_tbs
+
+
+def _roof_reference(flops: torch.Tensor, nbytes: torch.Tensor, peak_tflops: float, bandwidth_tbs: float) -> torch.Tensor:
+    return 1e3 * torch.maximum(flops / (peak_tflops * 1e12), nbytes / (bandwidth_tbs * 1e12))
+
+
+def check_roof_time(time_at_roof_ms: Callable[..., torch.Tensor]) -> bool:
+    """``time_at_roof_ms(flops, nbytes, peak_tflops, bandwidth_tbs)`` (tensors of operators, two rates)
+    against the reference on random operators that are memory- and compute-bound."""
+    return check_function("time_at_roof_ms", time_at_roof_ms, _roof_reference, _roof_inputs,
+                          shapes=[(1,), (7,), (33,)], atol=0.0, rtol=1e-6,
+                          hint="An operator needs at least the time for its arithmetic at the compute roof and at "
+                               "least the time for its bytes at the memory roof; both happen at once.")
+
+
+def _speedup_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    share = torch.rand(shape, dtype=torch.float64) * 0.98 + 0.01
+    local = torch.exp(torch.empty(shape, dtype=torch.float64).uniform_(0.0, math.log(50.0)))
+    return share, local
+
+
+def _speedup_reference(share: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    return 1.0 / ((1.0 - share) + share / local)
+
+
+def check_step_speedup(step_speedup: Callable[..., torch.Tensor]) -> bool:
+    """``step_speedup(share, local_speedup)`` (Amdahl's law) on random shares and local speed-ups."""
+    return check_function("step_speedup", step_speedup, _speedup_reference, _speedup_inputs,
+                          shapes=[(1,), (9,), (40,)], atol=0.0, rtol=1e-9,
+                          hint="Only the share of the step that the remedy touches gets faster; the rest of the step "
+                               "takes as long as before. Write the new step time as a fraction of the old one.")
+
+
+def check_prediction(name: str, speedup: float) -> bool:
+    """A predicted step speed-up (old / new step time) is a plausible number; predictions are not graded."""
+    return check_between(name, float(speedup), 1.0, 10.0,
+                         why="A step-time ratio old/new: below 1 would mean the remedy slows the step down, and "
+                             "above 10 the part it speeds up would have to be over 90% of the step and vanish. "
+                             "Inside that range any prediction is fine: notebooks 12-17 measure it.")
+
+
+def check_rank(rank: str) -> bool:
+    """``rank`` is at least two known categories, most costly first, separated by '>'."""
+    parts = [p.strip() for p in str(rank).split(">")]
+    unknown = [p for p in parts if p not in CATEGORIES]
+    ok = len(parts) >= 2 and not unknown and len(set(parts)) == len(parts)
+    return checkpoint(ok, f"bottleneck_rank {rank!r} ranks {len(parts)} categories",
+                      f"bottleneck_rank {rank!r} should be two or more distinct categories from "
+                      f"{', '.join(CATEGORIES)}, most costly first, joined by '>'"
+                      + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
