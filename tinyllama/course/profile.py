@@ -47,6 +47,13 @@ class Profile:
     tinyllama_batch_sizes: tuple[int, ...]
     tinyllama_seq_lens: tuple[int, ...]
     train_steps: int
+    # 13_triton_basics: (rows, width) of the kernel checks (widths that are not powers of two), the
+    # num_warps of the block-size sweep (empty: no sweep, interpreter timings mean nothing), the row
+    # widths it sweeps, and the row counts of the launch-cost sweep (width: the preset's hidden size).
+    triton_check_shapes: tuple[tuple[int, int], ...]
+    triton_sweep_warps: tuple[int, ...]
+    triton_sweep_widths: tuple[int, ...]
+    triton_launch_rows: tuple[int, ...]
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -75,6 +82,11 @@ PROFILES: dict[str, Profile] = {
         tinyllama_batch_sizes=(4, 8, 16, 32),
         tinyllama_seq_lens=(128, 256, 512, 1024),
         train_steps=20,
+        # 13_triton_basics
+        triton_check_shapes=((3, 5), (7, 100), (33, 257), (4099, 1000)),
+        triton_sweep_warps=(1, 2, 4, 8, 16),
+        triton_sweep_widths=(1000, 4096, 8192),
+        triton_launch_rows=(1, 16, 256, 4096, 32768, 262144),
     ),
     "ci": Profile(
         name="ci",
@@ -97,6 +109,11 @@ PROFILES: dict[str, Profile] = {
         tinyllama_batch_sizes=(1, 2),
         tinyllama_seq_lens=(16, 32),
         train_steps=2,
+        # 13_triton_basics
+        triton_check_shapes=((3, 5), (7, 100), (33, 257)),
+        triton_sweep_warps=(),
+        triton_sweep_widths=(),
+        triton_launch_rows=(1, 9),
     ),
 }
 
