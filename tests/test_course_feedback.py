@@ -119,3 +119,8 @@ def test_prediction_is_compared_and_never_fails(capsys, monkeypatch):
     assert course.compare_prediction("backward / forward", None, 4.1) is None
     out = capsys.readouterr().out
     assert "2.05x your prediction" in out and "no prediction was written" in out
+
+
+def test_an_output_never_written_is_called_all_zeros_not_a_factor():
+    described = compare_outputs(torch.zeros(3, 7), torch.randn(3, 7)).describe()
+    assert "all zeros" in described and "x the reference everywhere" not in described

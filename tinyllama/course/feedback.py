@@ -99,6 +99,10 @@ def _patterns(diff_ok: torch.Tensor, actual: torch.Tensor, expected: torch.Tenso
                      "a masked load without `other=`, an overflow?)")
     finite = torch.isfinite(actual) & torch.isfinite(expected)
     a, e = actual[finite], expected[finite]
+    if a.numel() and not a.any() and e.any():
+        notes.append("the result is all zeros: nothing was computed or stored (a store never reached, a mask "
+                     "that is always false?)")
+        return notes
     denominator = float((e * e).sum())
     if denominator > 0 and a.numel() > 1:
         factor = float((a * e).sum()) / denominator
