@@ -1,0 +1,226 @@
+"""Reading a comparison of V2's fusions (notebook 12): each fusion against its unfused control, the
+host's share of an eager step, and the checks of the notebook's exercises.
+
+- :func:`fusion_label` / :func:`fusion_runs`: the run specs of ``tinyllama.compare`` for V2 with no
+  fusion (the control), the QKV fusion, the gate/up fusion and both, at a precision, with eager steps
+  or with steps replayed from CUDA graphs;
+- :func:`fusion_effects`: each fusion's step time against the control of the same precision and
+  kind of step, with a band from the p10..p90 spreads and a verdict ("faster beyond the spread", ...);
+- :func:`host_share`: the share of an eager step that the device does not account for
+  (1 - GPU time / eager step time), and :data:`LAUNCH_BOUND_SHARE`, the share above which an eager
+  comparison of effects of a few percent measures the host rather than the GPU;
+- :func:`time_samples`: per-call times of a callable (milliseconds, device events on a GPU), the
+  samples that ``course.check_ratio`` compares;
+- :func:`check_gemm_prediction`, :func:`check_host_share`: the checks of exercises 12.2 and 12.4,
+  with feedback that names the likely mistake (the function a participant writes is passed in).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from tinyllama import device as dev
+from tinyllama.course.checkpoints import checkpoint
+from tinyllama.timing import PhaseTimer
+
+# Name -> V2's switches. "none" is the control every fusion is measured against.
+FUSIONS: dict[str, dict[str, int]] = {
+    "none": {"fuse_qkv": 0, "fuse_gate_up": 0},
+    "qkv": {"fuse_qkv": 1, "fuse_gate_up": 0},
+    "gate_up": {"fuse_qkv": 0, "fuse_gate_up": 1},
+    "both": {},  # V2's defaults: both fusions on (labelled ``v2:fp32`` as in compare's run set "fusions")
+}
+
+# An eager step whose host share is above this cannot show the fusions' effects of a few percent:
+# the difference would be the host's (Python, dispatch, launches), not the GPU's.
+LAUNCH_BOUND_SHARE = 0.05
+
+
+def fusion_label(name: str, precision: str = "fp32", graphed: bool = False) -> str:
+    """The ``tinyllama.compare`` run spec of one fusion setting, written as ``compare`` labels it,
+    e.g. ``v2[fuse_qkv=1,fuse_gate_up=0,cuda_graph=1]:bf16``."""
+    if name not in FUSIONS:
+        raise ValueError(f"unknown fusion {name!r}: choose one of {', '.join(FUSIONS)}")
+    switches = [f"{k}={v}" for k, v in FUSIONS[name].items()] + (["cuda_graph=1"] if graphed else [])
+    options = f"[{','.join(switches)}]" if switches else ""
+    return f"v2{options}:{precision}"
+
+
+def fusion_runs(precision: str = "fp32", graphed: bool = False) -> list[str]:
+    """The four V2 runs of one setting: no fusion, QKV, gate/up, both."""
+    return [fusion_label(name, precision, graphed) for name in FUSIONS]
+
+
+def _timed(record: Mapping[str, Any], label: str) -> dict[str, Any] | None:
+    row = next((r for r in record["runs"] if r["label"] == label), None)
+    return row if row is not None and row.get("check") == "passed" else None
+
+
+def verdict(control: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    """'faster'/'slower beyond the spread' when the p10..p90 ranges of the step times do not overlap."""
+    if run["step_ms_p90"] < control["step_ms_p10"]:
+        return "faster beyond the spread"
+    if run["step_ms_p10"] > control["step_ms_p90"]:
+        return "slower beyond the spread"
+    return "within the spread"
+
+
+def fusion_effects(record: Mapping[str, Any], settings: Iterable[tuple[str, bool]]) -> Any:
+    """Each fusion against the unfused V2 of the same (precision, graphed) setting, as a pandas
+    DataFrame: ``setting``, ``fusion``, ``control_ms``, ``fused_ms``, ``speedup`` (control / fused),
+    ``speedup_low``/``speedup_high`` (from the p10..p90 spreads), ``verdict``, and the GEMM launches
+    per step of both. Settings whose control was not timed are left out."""
+    import pandas as pd
+
+    rows = []
+    for precision, graphed in settings:
+        control = _timed(record, fusion_label("none", precision, graphed))
+        if control is None:
+            continue
+        for name in ("qkv", "gate_up", "both"):
+            run = _timed(record, fusion_label(name, precision, graphed))
+            if run is None:
+                continue
+            rows.append({
+                "setting": f"{precision}, {'CUDA graphs' if graphed else 'eager'}", "fusion": name,
+                "control_ms": control["step_ms_median"], "fused_ms": run["step_ms_median"],
+                "speedup": control["step_ms_median"] / run["step_ms_median"],
+                "speedup_low": control["step_ms_p10"] / run["step_ms_p90"],
+                "speedup_high": control["step_ms_p90"] / run["step_ms_p10"],
+                "verdict": verdict(control, run),
+                "gemm_ops_control": control.get("gemm_ops"), "gemm_ops_fused": run.get("gemm_ops"),
+            })
+    return pd.DataFrame(rows, columns=["setting", "fusion", "control_ms", "fused_ms", "speedup", "speedup_low",
+                                       "speedup_high", "verdict", "gemm_ops_control", "gemm_ops_fused"])
+
+
+def host_share(eager_ms: float, gpu_ms: float) -> float:
+    """The share of an eager step the GPU's work does not account for: 1 - gpu_ms / eager_ms
+    (``gpu_ms`` from the same step replayed from CUDA graphs, or the profiler's busy time)."""
+    if eager_ms <= 0:
+        raise ValueError(f"eager step time must be positive, got {eager_ms}")
+    return 1.0 - gpu_ms / eager_ms
+
+
+def time_samples(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
+                 repeat: int = 10, inner: int = 1) -> list[float]:
+    """Milliseconds per call of ``fn``, one sample per timed repetition (``inner`` calls each, averaged):
+    device events on a GPU, a monotonic clock on the CPU, after ``warmup`` untimed calls."""
+    if repeat < 1 or inner < 1:
+        raise ValueError("repeat and inner must be at least 1")
+    device = torch.device(device) if device is not None else dev.get_device()
+    for _ in range(warmup):
+        fn()
+    timer = PhaseTimer(device)
+    samples = []
+    for _ in range(repeat):
+        timer.start()
+        for _ in range(inner):
+            fn()
+        timer.mark("calls")
+        samples.append(timer.stop()["calls"] / inner)
+    return samples
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks of the exercises
+# ------------------------------------------------------------------------------------------------
+
+
+def gemm_count_hint(predicted: int, measured: int, num_layers: int) -> str:
+    """The likely mistake behind a predicted GEMM count per training step that differs from the
+    profiler's (empty when they agree)."""
+    if predicted == measured:
+        return ""
+    if measured and predicted * 3 == measured:
+        return "your count is a third of the profiler's: the backward is missing (two products per forward product)"
+    if measured and predicted * 3 == measured * 2:
+        return "your count is two thirds of the profiler's: each forward product has two in the backward, not one"
+    if measured and predicted * 2 == measured * 3:
+        return ("your count is 1.5x the profiler's: a forward product needs two backward products (one "
+                "gradient per operand), not three")
+    difference = measured - predicted
+    if difference % 3 == 0:
+        per_forward = difference // 3
+        if per_forward == num_layers * 2:
+            return ("you are short by two forward products per layer (x3 with the backward): the attention "
+                    "products q k^T and p v are matrix multiplies too")
+        if per_forward == -num_layers * 2:
+            return "you count two forward products per layer too many: did you forget what the fusion removes?"
+        if per_forward == 1:
+            return "you are short by one forward product (x3 with the backward): the output head (lm_head) is a GEMM"
+        if per_forward == -1:
+            return "you count one forward product too many per step"
+        if per_forward % num_layers == 0:
+            return (f"you are off by {abs(per_forward) // num_layers} forward product(s) per layer (x3 with the "
+                    "backward): count the projections each fusion replaces, and the attention products")
+    return "compare your forward count with the model's code, layer by layer, then triple it for forward + backward"
+
+
+def check_gemm_prediction(predict: Callable[[int, bool, bool], tuple[int, int]], record: Mapping[str, Any],
+                          labels: Sequence[str]) -> bool:
+    """Exercise 12.2: ``predict(num_layers, fuse_qkv, fuse_gate_up) -> (forward, backward)`` GEMM
+    launches per training step, against the profiler's count (``gemm_ops``) of each run in
+    ``labels`` of a ``tinyllama.compare`` record."""
+    num_layers = int(record["config"]["num_layers"])
+    lines, wrong = [], []
+    for label in labels:
+        row = _timed(record, label)
+        if row is None or row.get("gemm_ops") is None:
+            lines.append(f"{label}: not counted (the run failed its check or was not profiled)")
+            wrong.append(label)
+            continue
+        options = row.get("options") or {}
+        fuse_qkv = bool(options.get("fuse_qkv", row["version"] != "v1"))
+        fuse_gate_up = bool(options.get("fuse_gate_up", row["version"] != "v1"))
+        forward, backward = predict(num_layers, fuse_qkv, fuse_gate_up)
+        predicted, measured = int(forward) + int(backward), int(row["gemm_ops"])
+        hint = gemm_count_hint(predicted, measured, num_layers)
+        lines.append(f"{label}: predicted {forward} + {backward} = {predicted}, profiler {measured}"
+                     + (f" <- {hint}" if hint else ""))
+        if hint:
+            wrong.append(label)
+    table = "\n  ".join(lines)
+    return checkpoint(not wrong, f"your GEMM counts match the profiler's for every run:\n  {table}",
+                      f"your GEMM counts differ from the profiler's for {len(wrong)} run(s):\n  {table}")
+
+
+# (eager ms, GPU ms): a launch-bound step, a device-bound one, one in between, the H200's bf16 V2.
+HOST_SHARE_CASES = ((100.0, 60.0), (250.0, 249.0), (40.0, 37.0), (58.8, 54.5))
+
+
+def check_host_share(diagnose: Callable[[float, float], tuple[float, bool]],
+                     threshold: float = LAUNCH_BOUND_SHARE) -> bool:
+    """Exercise 12.4: ``diagnose(eager_ms, gpu_ms) -> (share, launch_bound)`` gives :func:`host_share`
+    and says launch-bound exactly when the share is above ``threshold``, on a few cases (the feedback
+    names the likely mistake)."""
+    problems = []
+    for eager, gpu in HOST_SHARE_CASES:
+        expected = host_share(eager, gpu)
+        answer = diagnose(eager, gpu)
+        if not isinstance(answer, tuple) or len(answer) != 2:
+            problems.append(f"eager {eager} ms, GPU {gpu} ms: returned {answer!r}; return a pair (share, launch_bound)")
+            continue
+        got, bound = float(answer[0]), bool(answer[1])
+        if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9):
+            if math.isclose(got, 100 * expected, rel_tol=1e-6):
+                why = "a factor of 100: return a fraction (0.4), not a percentage"
+            elif math.isclose(got, 1 - expected, rel_tol=1e-6):
+                why = "that is the GPU's share of the step; the host's share is what is left of it"
+            elif math.isclose(got, (eager - gpu) / gpu, rel_tol=1e-6):
+                why = "divide by the eager step time (the whole step), not by the GPU time"
+            elif math.isclose(got, -expected, rel_tol=1e-6):
+                why = "the sign is reversed: the eager step is the longer one"
+            else:
+                why = "the host's share is the part of the eager step that the GPU time does not cover"
+            problems.append(f"eager {eager} ms, GPU {gpu} ms: share {got:.4g}, expected {expected:.4g} ({why})")
+        if bound != (expected > threshold):
+            problems.append(f"eager {eager} ms, GPU {gpu} ms (host share {expected:.3f}): launch-bound {bound}, but "
+                            f"the rule is share > {threshold} (the fusions' effects are a few percent)")
+    cases = ", ".join(f"{e:g}/{g:g} ms" for e, g in HOST_SHARE_CASES)
+    return checkpoint(not problems, f"the host share and the launch-bound decision follow the rule on eager/GPU "
+                                    f"times {cases}",
+                      "the host share or the decision is off:\n  - " + "\n  - ".join(problems))
