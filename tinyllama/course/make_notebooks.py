@@ -1,8 +1,9 @@
 """Generate the participant notebooks (``notebooks/``) from the solution notebooks (``solutions/``).
 
 A solution notebook is the one source. In its code cells, the lines between ``# BEGIN SOLUTION 13.2``
-and ``# END SOLUTION`` are exercise 13.2 (the number before the dot is the notebook's; an id-less
-``# BEGIN SOLUTION`` is the older form of notebooks 00-07). One or more ``# HINT: ...`` lines inside
+and ``# END SOLUTION`` are exercise 13.2 (the number before the dot is the notebook's). An id-less
+``# BEGIN SOLUTION`` marks what is not an exercise to reveal: a prediction cell, whose participant copy
+keeps a ``# PARTICIPANT: predicted = None`` line, and the older exercises of notebooks 00-07. One or more ``# HINT: ...`` lines inside
 the block say what to write. The participant's copy gets, at the same indentation::
 
     # TODO: <hint>
