@@ -47,6 +47,14 @@ class Profile:
     tinyllama_batch_sizes: tuple[int, ...]
     tinyllama_seq_lens: tuple[int, ...]
     train_steps: int
+    # 14_flash_attention: batch of the attention measurements (heads and head size come from the
+    # preset), sequence lengths of the correctness check (odd, crossing block edges), of the timing
+    # sweep and of the memory sweep, and the sequence length of the memory prediction.
+    attention_batch: int
+    attention_check_seq_lens: tuple[int, ...]
+    attention_seq_lens: tuple[int, ...]
+    attention_memory_seq_lens: tuple[int, ...]
+    attention_predict_seq: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -75,6 +83,12 @@ PROFILES: dict[str, Profile] = {
         tinyllama_batch_sizes=(4, 8, 16, 32),
         tinyllama_seq_lens=(128, 256, 512, 1024),
         train_steps=20,
+        # 14_flash_attention
+        attention_batch=2,
+        attention_check_seq_lens=(1, 100, 257, 1000),
+        attention_seq_lens=(512, 1024, 2048, 4096),
+        attention_memory_seq_lens=(512, 1024, 2048, 4096, 8192),
+        attention_predict_seq=4096,
     ),
     "ci": Profile(
         name="ci",
@@ -97,6 +111,12 @@ PROFILES: dict[str, Profile] = {
         tinyllama_batch_sizes=(1, 2),
         tinyllama_seq_lens=(16, 32),
         train_steps=2,
+        # 14_flash_attention (Triton's interpreter: a forward at sequence 128 takes about 2 s)
+        attention_batch=1,
+        attention_check_seq_lens=(1, 37, 100),
+        attention_seq_lens=(32, 64, 128, 256),
+        attention_memory_seq_lens=(32, 64, 128),
+        attention_predict_seq=128,
     ),
 }
 
