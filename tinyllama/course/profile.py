@@ -54,6 +54,14 @@ class Profile:
     triton_sweep_warps: tuple[int, ...]
     triton_sweep_widths: tuple[int, ...]
     triton_launch_rows: tuple[int, ...]
+    # 14_flash_attention: batch of the attention measurements (heads and head size come from the
+    # preset), sequence lengths of the correctness check (odd, crossing block edges), of the timing
+    # sweep and of the memory sweep, and the sequence length of the memory prediction.
+    attention_batch: int
+    attention_check_seq_lens: tuple[int, ...]
+    attention_seq_lens: tuple[int, ...]
+    attention_memory_seq_lens: tuple[int, ...]
+    attention_predict_seq: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -87,6 +95,12 @@ PROFILES: dict[str, Profile] = {
         triton_sweep_warps=(1, 2, 4, 8, 16),
         triton_sweep_widths=(1000, 4096, 8192),
         triton_launch_rows=(1, 16, 256, 4096, 32768, 262144),
+        # 14_flash_attention
+        attention_batch=2,
+        attention_check_seq_lens=(1, 100, 257, 1000),
+        attention_seq_lens=(512, 1024, 2048, 4096),
+        attention_memory_seq_lens=(256, 512, 1024, 2048, 4096),  # math path at 4096: about 10 GiB at its peak
+        attention_predict_seq=4096,
     ),
     "ci": Profile(
         name="ci",
@@ -114,6 +128,12 @@ PROFILES: dict[str, Profile] = {
         triton_sweep_warps=(),
         triton_sweep_widths=(),
         triton_launch_rows=(1, 9),
+        # 14_flash_attention (Triton's interpreter: a forward at sequence 128 takes about 2 s)
+        attention_batch=1,
+        attention_check_seq_lens=(1, 37, 100),
+        attention_seq_lens=(32, 64, 128, 256),
+        attention_memory_seq_lens=(32, 64, 128),
+        attention_predict_seq=128,
     ),
 }
 
