@@ -47,6 +47,12 @@ class Profile:
     tinyllama_batch_sizes: tuple[int, ...]
     tinyllama_seq_lens: tuple[int, ...]
     train_steps: int
+    # 10_tinyllama_baseline: the memory sweeps (batch sizes at the preset's sequence length, sequence
+    # lengths at batch baseline_seq_batch) and the largest batch the out-of-memory search may try.
+    baseline_batch_sizes: tuple[int, ...]
+    baseline_seq_lens: tuple[int, ...]
+    baseline_seq_batch: int
+    baseline_oom_limit: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -75,6 +81,11 @@ PROFILES: dict[str, Profile] = {
         tinyllama_batch_sizes=(4, 8, 16, 32),
         tinyllama_seq_lens=(128, 256, 512, 1024),
         train_steps=20,
+        # 10_tinyllama_baseline
+        baseline_batch_sizes=(2, 4, 8, 16, 32),
+        baseline_seq_lens=(128, 256, 512, 1024, 2048),
+        baseline_seq_batch=4,
+        baseline_oom_limit=512,
     ),
     "ci": Profile(
         name="ci",
@@ -97,6 +108,11 @@ PROFILES: dict[str, Profile] = {
         tinyllama_batch_sizes=(1, 2),
         tinyllama_seq_lens=(16, 32),
         train_steps=2,
+        # 10_tinyllama_baseline
+        baseline_batch_sizes=(1, 2, 4, 8),
+        baseline_seq_lens=(16, 32, 64, 128),
+        baseline_seq_batch=2,
+        baseline_oom_limit=16,
     ),
 }
 
