@@ -153,13 +153,17 @@ class _Budget(TorchDispatchMode):
         super().__init__()
         self.budget_bytes = budget_bytes
         self.allocated = 0
+        self.raised = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if self.raised:  # once: what runs after the error (clean-up included) gets its memory
+            return out
         for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(tensor, torch.Tensor):
                 self.allocated += tensor.numel() * tensor.element_size()
         if self.allocated > self.budget_bytes:
+            self.raised = True
             raise OutOfMemoryError(f"pretend out of memory: {self.allocated:,} bytes allocated, more than the "
                                    f"pretend device's {self.budget_bytes:,} (raised by tinyllama.anatomy."
                                    "pretend_out_of_memory)")
@@ -168,9 +172,10 @@ class _Budget(TorchDispatchMode):
 
 @contextlib.contextmanager
 def pretend_out_of_memory(budget_bytes: int) -> Iterator[_Budget]:
-    """Within the block, raise ``torch.OutOfMemoryError`` as soon as the operators run there have
-    produced more than ``budget_bytes`` of outputs in total (frees are not counted: a pretend device
-    that never gets memory back). Forward and backward operators both count. The yielded object's
-    ``allocated`` says how much was produced."""
+    """Within the block, raise ``torch.OutOfMemoryError`` once, as soon as the operators run there have
+    produced more than ``budget_bytes`` of outputs in total (frees are not counted). Forward, backward
+    and optimizer operators all count; after the error nothing is counted any more, so the clean-up
+    that follows runs. The yielded object's ``allocated`` says how much was produced, ``raised``
+    whether the error was raised."""
     with _Budget(budget_bytes) as mode:
         yield mode

@@ -50,6 +50,12 @@ def shape_config(shape: Sequence[int], max_seq_len: int = 1024) -> ModelConfig:
                        num_kv_heads=kv_heads, intermediate_dim=intermediate, max_seq_len=max_seq_len)
 
 
+@functools.lru_cache(maxsize=64)
+def built_parameter_count(config: ModelConfig) -> int:
+    """``sum(p.numel())`` of V1 built with ``config`` (cached: the checks ask for each shape twice)."""
+    return anatomy.built_parameter_count(config)
+
+
 def _parameter_parts(c: ModelConfig) -> dict[str, int]:
     h, i, kv, layers = c.hidden_dim, c.intermediate_dim, c.kv_dim, c.num_layers
     return {"the token embedding (vocab x hidden)": c.vocab_size * h,
@@ -115,7 +121,7 @@ def explain_parameter_difference(formula: Callable[..., float], shapes: Sequence
     differences = []
     for shape in shapes:
         config = shape_config(shape)
-        differences.append((anatomy.built_parameter_count(config) - float(formula(*shape)),
+        differences.append((built_parameter_count(config) - float(formula(*shape)),
                             _parameter_explanations(config)))
     return _explain(differences)
 
@@ -129,7 +135,7 @@ def check_parameter_formula(formula: Callable[..., float], shapes: Sequence[Shap
         raise
     except Exception:  # noqa: BLE001 - the cases below report the error
         explanation = ""
-    cases = [(f"{shape}", lambda s=shape: formula(*s), lambda s=shape: anatomy.built_parameter_count(shape_config(s)))
+    cases = [(f"{shape}", lambda s=shape: formula(*s), lambda s=shape: built_parameter_count(shape_config(s)))
              for shape in shapes]
     return _check_numbers("your parameter count", "sum(p.numel()) of the built V1 model", cases, explanation, 0.0)
 
@@ -278,11 +284,14 @@ def check_fits(fits: Callable[[int], bool], model: nn.Module, batch: int,
     dev.synchronize(device)
     before = dev.memory_stats(device).current_bytes
     try:
-        with anatomy.pretend_out_of_memory(int(sizing.allocated * 0.6)):
+        with anatomy.pretend_out_of_memory(int(sizing.allocated * 0.6)) as pretend:
             answer = fits(batch)
     except anatomy.OutOfMemoryError:
         return checkpoint(False, "", "fits() let the out-of-memory error escape: catch it (torch.OutOfMemoryError) "
                                      "and return False")
+    if not pretend.raised:
+        return checkpoint(False, "", "the pretend out-of-memory never struck: does fits() run a training step of the "
+                                     "model it was given?")
     if answer is not False:
         return checkpoint(False, "", f"fits() returned {answer!r} after an out-of-memory error: it must return False")
     left = [name for name, p in model.named_parameters() if p.grad is not None]
