@@ -306,6 +306,6 @@ def check_fits(fits: Callable[[int], bool], model: nn.Module, batch: int,
                                      "allocated than before the call: something of the failed step is still referenced")
     if fits(batch) is not True:
         return checkpoint(False, "", "after an out-of-memory error, fits() no longer runs a step that fits")
-    where = "" if before is not None else " (the CPU keeps no allocator statistics: memory itself is checked on a GPU)"
+
     return checkpoint(True, "fits() runs a step, returns False on an out-of-memory error in the middle of the backward "
-                            f"and leaves no gradients behind{where}", "")
+                            f"and leaves no gradients behind", "")
