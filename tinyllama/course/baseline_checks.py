@@ -82,13 +82,13 @@ def _parameter_explanations(c: ModelConfig) -> dict[str, int]:
 
 
 def _explain(differences: Sequence[tuple[float, dict[str, float]]]) -> str:
-    """The one explanation whose amount matches the difference in every case, or ""."""
+    """The explanations whose amount matches the difference in every case (at most two), or ""."""
     if not differences:
         return ""
-    for text in differences[0][1]:
-        if all(math.isclose(difference, amounts[text], rel_tol=1e-6, abs_tol=0.5) for difference, amounts in differences):
-            return text
-    return ""
+    matches = [text for text in differences[0][1]
+               if all(math.isclose(difference, amounts[text], rel_tol=1e-6, abs_tol=0.5)
+                      for difference, amounts in differences)]
+    return "; or ".join(matches[:2])  # equal-sized parts (embedding, output head) cannot be told apart
 
 
 def _check_numbers(name: str, what: str, cases: Sequence[tuple[str, Callable[[], float], Callable[[], float]]],
