@@ -62,6 +62,12 @@ class Profile:
     attention_seq_lens: tuple[int, ...]
     attention_memory_seq_lens: tuple[int, ...]
     attention_predict_seq: int
+    # 10_tinyllama_baseline: the memory sweeps (batch sizes at the preset's sequence length, sequence
+    # lengths at batch baseline_seq_batch) and the largest batch the out-of-memory search may try.
+    baseline_batch_sizes: tuple[int, ...]
+    baseline_seq_lens: tuple[int, ...]
+    baseline_seq_batch: int
+    baseline_oom_limit: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -101,6 +107,11 @@ PROFILES: dict[str, Profile] = {
         attention_seq_lens=(512, 1024, 2048, 4096),
         attention_memory_seq_lens=(256, 512, 1024, 2048, 4096),  # math path at 4096: about 10 GiB at its peak
         attention_predict_seq=4096,
+        # 10_tinyllama_baseline
+        baseline_batch_sizes=(2, 4, 8, 16, 32),
+        baseline_seq_lens=(128, 256, 512, 1024, 2048),
+        baseline_seq_batch=4,
+        baseline_oom_limit=512,
     ),
     "ci": Profile(
         name="ci",
@@ -134,6 +145,11 @@ PROFILES: dict[str, Profile] = {
         attention_seq_lens=(32, 64, 128, 256),
         attention_memory_seq_lens=(32, 64, 128),
         attention_predict_seq=128,
+        # 10_tinyllama_baseline
+        baseline_batch_sizes=(1, 2, 4, 8),
+        baseline_seq_lens=(16, 32, 64, 128),
+        baseline_seq_batch=2,
+        baseline_oom_limit=16,
     ),
 }
 
