@@ -122,3 +122,36 @@ def test_the_notebook_sizes_are_small_on_a_cpu_and_not_powers_of_two():
     assert ci.debug_steps < gpu.debug_steps and ci.debug_profiled_steps <= gpu.debug_profiled_steps
     assert ci.debug_batch_size * ci.debug_seq_len < gpu.debug_batch_size * gpu.debug_seq_len
     assert ci.debug_seq_len & (ci.debug_seq_len - 1)  # not a power of two: masks and edges are exercised
+
+
+def test_every_exercise_can_be_revealed_and_its_answer_works(capsys):
+    """course.reveal runs each solution cell of notebook 15 in a namespace with what the cell needs."""
+    import pandas as pd
+
+    import importlib
+
+    import nbformat
+
+    from tinyllama.config import make_config
+    from tinyllama.course.make_notebooks import exercises
+
+    reveal = importlib.import_module("tinyllama.course.reveal")  # the module; tinyllama.course.reveal is the function
+
+    solution = reveal.solution_notebook("15.1")
+    assert sorted(exercises(nbformat.read(solution, as_version=4), solution.stem)) == ["15.1", "15.2", "15.3", "15.4"]
+    config = make_config("ci")
+    namespace = {"math": math, "torch": torch, "nn": nn, "config": config,
+                 "weight_table": pd.DataFrame({"stage 1": [1.0, 1.02], "stage 3": [0.02, 0.021]})}
+    for exercise in ("15.1", "15.2", "15.3", "15.4"):
+        reveal.reveal(exercise, namespace)
+    assert math.isclose(namespace["expected_initial_loss"], math.log(config.vocab_size))
+    assert namespace["init_looks_broken"]([float("nan")], 128) and not namespace["init_looks_broken"]([4.9], 128)
+    assert namespace["cause"] == "initialisation" and namespace["intended_std"] == config.init_std
+    layer = nn.Linear(8, 6, bias=False)
+    nn.init.normal_(layer.weight, std=1.0)
+    assert namespace["repair"](layer) is layer and layer.weight.std().item() < 0.1
+    found = namespace["strided_outputs"](nn.Sequential(nn.Linear(8, 6, bias=False)), torch.randn(2, 3, 8))
+    assert found == {}
+    weight, x = torch.randn(6, 8), torch.randn(2, 3, 8)
+    assert torch.allclose(namespace["project"](weight, x), x @ weight.T)
+    assert "Reference answer of exercise 15.4" in capsys.readouterr().out
