@@ -68,6 +68,12 @@ class Profile:
     baseline_seq_lens: tuple[int, ...]
     baseline_seq_batch: int
     baseline_oom_limit: int
+    # 15_performance_debugging: training steps of the broken and the fixed run (the loss curves), the batch
+    # they train on, and the steps the profiler records per stage (the interpreter makes each one slow on a CPU).
+    debug_steps: int
+    debug_batch_size: int
+    debug_seq_len: int
+    debug_profiled_steps: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -112,6 +118,11 @@ PROFILES: dict[str, Profile] = {
         baseline_seq_lens=(128, 256, 512, 1024, 2048),
         baseline_seq_batch=4,
         baseline_oom_limit=512,
+        # 15_performance_debugging
+        debug_steps=30,
+        debug_batch_size=16,
+        debug_seq_len=512,
+        debug_profiled_steps=3,
     ),
     "ci": Profile(
         name="ci",
@@ -150,6 +161,11 @@ PROFILES: dict[str, Profile] = {
         baseline_seq_lens=(16, 32, 64, 128),
         baseline_seq_batch=2,
         baseline_oom_limit=16,
+        # 15_performance_debugging: a sequence that is not a power of two, one batch row (interpreted kernels)
+        debug_steps=3,
+        debug_batch_size=1,
+        debug_seq_len=12,
+        debug_profiled_steps=1,
     ),
 }
 
