@@ -47,28 +47,56 @@ def launch_bound_bytes(host_us: float, tbs: float) -> float:
     return host_us * 1e-6 * tbs * 1e12
 
 
-def device_ms(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
-              repeat: int = 10, budget_ms: float = 50.0) -> Stats:
-    """Device time of one ``fn()`` in milliseconds, without the host's launch cost.
+# Bytes overwritten before each timed call so that its inputs come from memory, not the L2 cache
+# (50 MiB on an H100/H200, 256 MiB of Infinity Cache on an MI300X).
+FLUSH_BYTES = 512 * 2**20
 
-    On a GPU this is ``triton.testing.do_bench``: before each timed call it overwrites a buffer
-    larger than the L2 cache, which also keeps the GPU busy while the host launches ``fn``, so the
-    events around the call measure the kernels and not the launch (and inputs come from memory, not
-    the cache); it times for about ``budget_ms``. On a CPU it is
-    :func:`tinyllama.timing.time_callable` (``warmup`` and ``repeat`` calls): with Triton's
-    interpreter that is the interpreter's time.
+
+def device_ms(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
+              repeat: int = 10, calls: int = 10) -> Stats:
+    """GPU time of one ``fn()`` in milliseconds, without the host's launch cost.
+
+    On a GPU, after ``warmup`` eager calls (compilation, autotuning), ``calls`` pairs of (overwrite a
+    buffer larger than the last-level cache, ``fn()``) are captured in one CUDA/HIP graph, and the
+    flushes alone in another; each sample is (replay of the first - replay of the second) / ``calls``,
+    timed with device events, ``repeat`` samples. Replaying a graph launches nothing from Python, so a
+    kernel whose launch costs the host more than its work costs the device (an autotuned launcher,
+    several eager operators) is still timed by its GPU work; the flush makes every call read its
+    inputs from memory. Where ``fn`` cannot be captured (it synchronizes, allocates on the host) the
+    error says so. On a CPU this is :func:`tinyllama.timing.time_callable`: with Triton's interpreter,
+    the interpreter's time.
     """
     device = dev.get_device(None if device is None else str(device))
     if device.type != "cuda":
         return time_callable(fn, device, warmup=warmup, repeat=repeat)
-    from triton.testing import do_bench
-
-    warmup_ms = max(1.0, budget_ms / 5)
+    for _ in range(max(warmup, 1)):
+        fn()
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    torch.cuda.synchronize(device)
+    with_fn, flush_only = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     try:
-        samples = do_bench(fn, warmup=warmup_ms, rep=budget_ms, return_mode="all")
-    except (AssertionError, TypeError, ValueError):  # an older Triton without return_mode="all"
-        samples = do_bench(fn, warmup=warmup_ms, rep=budget_ms, quantiles=[0.1, 0.25, 0.5, 0.75, 0.9])
-    return summarize(list(samples))
+        with torch.cuda.graph(with_fn):
+            for _ in range(calls):
+                flush.zero_()
+                fn()
+        with torch.cuda.graph(flush_only):
+            for _ in range(calls):
+                flush.zero_()
+    except RuntimeError as error:
+        raise RuntimeError(f"device_ms could not capture the call in a CUDA graph ({error}); time it with "
+                           "tinyllama.timing.time_callable instead") from error
+
+    def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    replay_ms(with_fn), replay_ms(flush_only)  # the first replay uploads the graph
+    samples = [max(replay_ms(with_fn) - replay_ms(flush_only), 0.0) / calls for _ in range(max(repeat, 5))]
+    return summarize(samples)
 
 
 @dataclass
