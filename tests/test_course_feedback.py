@@ -124,3 +124,10 @@ def test_prediction_is_compared_and_never_fails(capsys, monkeypatch):
 def test_an_output_never_written_is_called_all_zeros_not_a_factor():
     described = compare_outputs(torch.zeros(3, 7), torch.randn(3, 7)).describe()
     assert "all zeros" in described and "x the reference everywhere" not in described
+
+
+def test_a_ratio_on_the_other_side_of_one_is_called_out(capsys):
+    course.compare_prediction("gate/up fusion speed-up", 1.05, 0.96, "x")
+    course.compare_prediction("QKV fusion speed-up", 1.05, 1.03, "x")
+    out = capsys.readouterr().out.splitlines()
+    assert "the opposite of your prediction" in out[0] and "close to your prediction" in out[1]

@@ -226,13 +226,21 @@ def check_ratio(name: str, numerator: Sequence[float], denominator: Sequence[flo
 
 def compare_prediction(name: str, predicted: float | None, measured: float, unit: str = "") -> float | None:
     """Print the prediction beside the measurement and return measured / predicted (``None`` when no
-    prediction was written). Never fails: a surprise is what the cell is for."""
-    unit = f" {unit}" if unit else ""
+    prediction was written). Never fails: a surprise is what the cell is for.
+
+    A ratio (``unit="x"``: a speed-up, a slow-down) is read against 1: a prediction on the other side
+    of 1 than the measurement (a speed-up predicted, a slow-down measured) is called out as such,
+    however close the two numbers are."""
+    shown = f" {unit}" if unit else ""
     if predicted is None or (isinstance(predicted, float) and math.isnan(predicted)):
-        print(f"{name}: measured {measured:.4g}{unit}; no prediction was written (write one before you measure)")
+        print(f"{name}: measured {measured:.4g}{shown}; no prediction was written (write one before you measure)")
         return None
     ratio = measured / predicted if predicted else math.inf
-    verdict = ("close to your prediction" if 0.8 <= ratio <= 1.25 else
-               f"{ratio:.2f}x your prediction" if ratio > 1 else f"{1 / ratio:.2f}x below your prediction")
-    print(f"{name}: predicted {predicted:.4g}{unit}, measured {measured:.4g}{unit}: {verdict}")
+    if unit == "x" and (predicted - 1.0) * (measured - 1.0) < 0:
+        verdict = (f"the opposite of your prediction: you expected {'more' if predicted > 1 else 'less'} than 1x, "
+                   f"it measured {'more' if measured > 1 else 'less'}")
+    else:
+        verdict = ("close to your prediction" if 0.8 <= ratio <= 1.25 else
+                   f"{ratio:.2f}x your prediction" if ratio > 1 else f"{1 / ratio:.2f}x below your prediction")
+    print(f"{name}: predicted {predicted:.4g}{shown}, measured {measured:.4g}{shown}: {verdict}")
     return ratio
