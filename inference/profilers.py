@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from inference.config import KINETO_ACTIVE, KINETO_WAIT, KINETO_WARMUP, BenchmarkError
-from inference.results import unique_path
+from tinyllama.records import unique_path
 
 DEEPSPEED_MISSING = "install deepspeed: pip install deepspeed"
 TABLE_ROWS = 25

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from tinyllama import device as dev
+from tinyllama.settings import PRECISIONS
 from tinyllama.timing import Stats, time_callable
 
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -80,7 +81,7 @@ def measure_copy_tbs(
 
 
 def measure_ceilings(
-    device: torch.device | str | None = None, precisions: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16"),
+    device: torch.device | str | None = None, precisions: tuple[str, ...] = PRECISIONS,
     matmul_size: int | None = None, copy_bytes: int | None = None,
 ) -> dict[str, Ceiling]:
     """Matmul ceilings for each precision and the copy bandwidth, keyed ``"matmul_bf16"``, ``"copy"``."""
