@@ -4,7 +4,7 @@ the eager step (same losses, same weights) while the batch changes from step to 
 import pytest
 import torch
 
-from conftest import DEVICE, GPU
+from conftest import GPU
 
 from tinyllama import bench
 from tinyllama.config import get_preset
@@ -23,8 +23,7 @@ def test_refused_without_a_gpu():
         bench.GraphedTrainingStep(_tiny(), "fp32", "cpu")
 
 
-def test_refused_for_fp16_and_self_graphing_compile_modes_and_short_warmups():
-    device = DEVICE
+def test_refused_for_fp16_and_self_graphing_compile_modes_and_short_warmups(device):
     if GPU:
         with pytest.raises(ValueError, match="fp16"):
             bench.GraphedTrainingStep(_tiny().to(device), "fp16", device)

@@ -256,13 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16 (fp16 uses a gradient scaler)")
     parser.add_argument("--deterministic", action="store_true",
                         help="deterministic algorithms and cuDNN/MIOpen settings (reports what it set)")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a switch of the version, e.g. --option fuse_qkv=0 (repeatable)")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="replay each step from CUDA/HIP graphs after the warm-up "
                              "(GPU only; not with compile_mode reduce-overhead)")
-    parser.add_argument("--json", metavar="PATH", help="append the result to this JSON list file")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a switch of the version, e.g. --option fuse_qkv=0 (repeatable)")
     return parser
 
 

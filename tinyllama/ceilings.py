@@ -11,10 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from tinyllama import device as dev
-from tinyllama.settings import PRECISIONS
+from tinyllama.settings import DTYPES, PRECISIONS
 from tinyllama.timing import Stats, time_callable
-
-_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -37,11 +35,11 @@ def measure_matmul_tflops(
 
     ``n`` defaults to 8192 on a GPU and 512 on the CPU, large enough to be compute bound.
     """
-    if precision not in _DTYPES:
-        raise ValueError(f"unknown precision {precision!r}: use one of {sorted(_DTYPES)}")
+    if precision not in DTYPES:
+        raise ValueError(f"unknown precision {precision!r}: use one of {sorted(DTYPES)}")
     device = dev.get_device(None if device is None else str(device))
     n = n or (8192 if device.type == "cuda" else 512)
-    dtype = _DTYPES[precision]
+    dtype = DTYPES[precision]
     if device.type == "cpu" and dtype == torch.float16:
         dtype = torch.float32 if not _cpu_supports(torch.float16) else dtype
     a = torch.randn(n, n, device=device, dtype=dtype)

@@ -25,12 +25,15 @@ def add_problem_size_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intermediate-dim", type=int, help="feed-forward width (default: the preset's)")
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, per: str = "") -> None:
-    """Steps, seed and device, shared by every TinyLLaMA command line (``per``: e.g. " per run")."""
+def add_run_arguments(parser: argparse.ArgumentParser, per: str = "", result: str = "result") -> None:
+    """Steps, seed, device, the JSON file and quiet, shared by the TinyLLaMA harnesses' command lines
+    (``per``: e.g. " per run"; ``result``: what ``--json`` appends)."""
     parser.add_argument("--num-steps", type=int, default=20, help=f"timed steps{per} (default 20)")
     parser.add_argument("--warmup-steps", type=int, default=3, help=f"untimed warm-up steps{per} (default 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
+    parser.add_argument("--json", metavar="PATH", help=f"append the {result} to this JSON list file")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 def shape_overrides(args: argparse.Namespace) -> dict[str, int | None]:

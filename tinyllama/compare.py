@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", nargs="+", default=["v1:fp32", "v2:fp32", "v4"], metavar="SPEC",
                         help="runs to compare (see below); default: v1:fp32 v2:fp32 v4")
     add_problem_size_arguments(parser)
-    add_run_arguments(parser, per=" per run")
+    add_run_arguments(parser, per=" per run", result="record")
     parser.add_argument("--no-gemm-count", action="store_true", help="skip the profiler's GEMM count per run")
     parser.add_argument("--profile", nargs="*", default=[], metavar="SPEC",
                         help="record the profiler's top operations of these runs")
@@ -278,12 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--measure-ceiling", action="store_true",
                         help="measure the matmul ceilings of the runs' precisions first (tinyllama.ceilings); "
                              "on a GPU they are measured without it")
-    parser.add_argument("--json", metavar="PATH", help="append the record to this JSON list file")
     parser.add_argument("--csv", metavar="PATH", help="append the rows to this CSV file")
     parser.add_argument("--plot", metavar="PATH", help="save the speed-up / phase plot (png, pdf, svg)")
     parser.add_argument("--baseline", metavar="OLD.json", help="flag figures that moved beyond their spread since "
                         "the last comparison record in this file")
-    parser.add_argument("--quiet", action="store_true", help="no progress messages")
     return parser
 
 

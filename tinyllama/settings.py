@@ -11,6 +11,8 @@ import torch
 # fp32 is real fp32 (TF32 off); tf32 lets fp32 matmuls use TF32 tensor cores; bf16 and fp16 are
 # autocast with fp32 weights.
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# The dtype a tensor of each precision is stored in (tf32 is fp32 storage, rounded inside the matmul).
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # The modes that replay each compiled block as a CUDA (HIP) graph: one launch instead of dozens.
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")

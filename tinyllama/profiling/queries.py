@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from tinyllama import device as dev
-from tinyllama.profiling.torch_profiler import event_time, is_device_event
+from tinyllama.profiling.torch_profiler import activities, event_time, is_device_event
 from tinyllama.training import TrainingStep
 
 # PyTorch's matrix-multiply operators at the bottom of the call tree (linear and matmul call these).
@@ -29,13 +29,12 @@ def is_gemm_kernel(name: str) -> bool:
 def profile_training_steps(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], precision: str,
                            device: torch.device, steps: int) -> Any:
     """Profile ``steps`` training steps after one unprofiled step (compiled code is built by then)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
 
     step = TrainingStep(model, precision, device)
     step(*batch)
     dev.synchronize(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities(device)) as prof:
         for _ in range(steps):
             step(*batch)
         dev.synchronize(device)

@@ -97,6 +97,12 @@ def row_kind(name: str, is_annotation: bool = False) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def activities(device: torch.device) -> list[ProfilerActivity]:
+    """What the profiler records on ``device``: the host, and the GPU's kernels where there is one
+    (the CUDA activity records HIP kernels on ROCm builds)."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
 def event_time(event: Any, *names: str, default: float = 0.0) -> float:
     """The first of ``names`` that ``event`` has (torch renamed cuda_* to device_* in 2.4)."""
     for name in names:
@@ -337,9 +343,6 @@ def profile_steps(
     if active < 1 or wait < 0 or warmup < 0:
         raise ValueError(f"need active >= 1 and wait, warmup >= 0 (got wait={wait}, warmup={warmup}, active={active})")
     device = dev.get_device(None if device is None else str(device))
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)  # the HIP activity on ROCm builds
     folder = Path(trace_dir) if trace_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -357,7 +360,7 @@ def profile_steps(
             prof.export_chrome_trace(str(path))
             written.append(path)
 
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+    with profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                  record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
                  on_trace_ready=on_trace_ready) as prof:
         for _ in range(wait + warmup + active):
