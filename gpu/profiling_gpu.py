@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import inspect
 import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -41,17 +38,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tinyllama import device as dev  # noqa: E402
-from tinyllama.bench import TrainingStep, make_batches  # noqa: E402
+from tinyllama.training import TrainingStep, make_batches  # noqa: E402
 from tinyllama.checks import check_every_parameter_trained  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
 from tinyllama.models import VERSIONS, build, model_class  # noqa: E402
 from tinyllama.models.weights import transfer_weights  # noqa: E402
 from tinyllama.profiling import flops as pflops  # noqa: E402
 from tinyllama.profiling import memory, roofline, vendor  # noqa: E402
+from tinyllama.profiling.ncu_step import KNOWN_GEMM, profile_step_with_ncu  # noqa: E402
 from tinyllama.profiling.torch_profiler import profile_steps  # noqa: E402
 
 FAST_ORDER = ("v4", "v3", "v2")  # the course's versions, fastest by design first
-KNOWN_GEMM = 4096  # n of the n x n x n bf16 product ncu profiles first: 2 n^3 FLOPs
 STARTED = time.perf_counter()
 
 
@@ -84,80 +81,9 @@ def frame_records(frame: Any, columns: list[str] | None = None, limit: int | Non
 def build_model(version: str, config: Any, compiled: bool = True) -> torch.nn.Module:
     """The version as the course runs it; ``compiled=False`` builds an uncompiled twin where the
     version has a compile switch (for counting its work operator by operator)."""
-    if not compiled and "compile" in inspect.signature(model_class(version).__init__).parameters:
+    if not compiled and "compile" in model_class(version).switch_names:
         return build(version, config, compile=False)
     return build(version, config)
-
-
-# --------------------------------------------------------------------------------------------------
-# ncu target: run under ncu by this script itself
-# --------------------------------------------------------------------------------------------------
-
-
-def ncu_target(args: argparse.Namespace) -> None:
-    """A known GEMM, then one training step, between cudaProfilerStart and Stop (ncu profiles only that)."""
-    device = dev.get_device(args.device)
-    preset = get_preset(args.preset)
-    model = build_model(args.version, preset.model).to(device)
-    step = TrainingStep(model, args.precision, device)
-    batches = make_batches(preset.model, preset.batch_size, preset.seq_len, count=2, device=device)
-    for i in range(3):  # compile, autotune, optimizer state: before the profiled range
-        step(*batches[i % 2])
-    a = torch.randn(KNOWN_GEMM, KNOWN_GEMM, device=device, dtype=torch.bfloat16)
-    b = torch.randn(KNOWN_GEMM, KNOWN_GEMM, device=device, dtype=torch.bfloat16)
-    dev.synchronize(device)
-    torch.cuda.profiler.start()
-    with dev.annotate("known_gemm"):
-        a @ b
-    step(*batches[0])
-    dev.synchronize(device)
-    torch.cuda.profiler.stop()
-
-
-def run_ncu(args: argparse.Namespace, version: str, out: Path, timeout_s: float) -> dict[str, Any]:
-    """Profile ``version``'s step under ncu and read the result; falls back without tensor counters
-    when this ncu does not know them."""
-    target = [sys.executable, str(Path(__file__).resolve()), "--ncu-target", "--version", version,
-              "--preset", args.preset, "--precision", args.precision]
-    csv_path = out / f"ncu_{version}.csv"
-    result: dict[str, Any] = {"version": version, "launch_count": args.ncu_launch_count}
-    for metrics in (None, list(vendor.NCU_ROOFLINE_METRICS)):
-        with tempfile.TemporaryDirectory() as tmp:
-            command = vendor.build_command("roofline", target, tmp, name=f"ncu_{version}", backend="cuda",
-                                           launch_count=args.ncu_launch_count, profiler_range=True, metrics=metrics)
-            # Inductor's parallel compile workers would each start under ncu: compile in-process instead.
-            command.env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-            result["command"] = command.shell()
-            say(f"ncu {version}: {args.ncu_launch_count} kernels ({'with' if metrics is None else 'without'} tensor counters)")
-            began = time.perf_counter()
-            try:
-                command.run(timeout_s=timeout_s)
-            except RuntimeError as error:
-                text = str(error)
-                log = Path(command.outputs)
-                if log.exists():
-                    text += "\n" + "\n".join(log.read_text().splitlines()[-10:])
-                if metrics is None and "metric" in text.lower():
-                    result["tensor_counters_error"] = text[-1500:]
-                    continue  # this ncu lacks the tensor counters: try without them
-                raise RuntimeError(text[-3000:]) from None
-            result["seconds"] = time.perf_counter() - began
-            shutil.copy(command.outputs, csv_path)
-            break
-    frame = vendor.read_ncu_csv(csv_path)
-    points = vendor.ncu_roofline_points(frame)
-    result["kernels_profiled"] = len(frame)
-    result["tensor_counters"] = points.attrs.get("tensor_counters", [])
-    # The known GEMM is the first launch in the range (the largest of the first two, should cuBLAS add one).
-    first = int(points["flops"].head(2).idxmax())
-    gemm = points.loc[first]
-    expected = 2 * KNOWN_GEMM**3
-    result["known_gemm"] = {"kernel": gemm["kernel"], "expected_flops": expected, "counted_flops": float(gemm["flops"]),
-                            "ratio": float(gemm["flops"]) / expected, "time_us": float(gemm["time_ns"]) / 1e3,
-                            "tflops": float(gemm["tflops"]), "dram_bytes": float(gemm["dram_bytes"])}
-    result["points"] = points.loc[first + 1:]  # the step's kernels
-    result["kernel_stats"] = frame_records(vendor.ncu_kernel_stats(frame.loc[first + 1:]), limit=15)
-    return result
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,12 +267,7 @@ def main() -> int:
     parser.add_argument("--ncu-launch-count", type=int, default=40, help="kernels ncu profiles per version (after the GEMM)")
     parser.add_argument("--skip-ncu", action="store_true")
     parser.add_argument("--budget-s", type=float, default=330, help="skip optional parts past this many seconds")
-    parser.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--version", default="v1", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.ncu_target:
-        ncu_target(args)
-        return 0
     if not args.out:
         parser.error("--out is required")
     out = Path(args.out)
@@ -422,7 +343,8 @@ def main() -> int:
                 say(f"ncu {version}: skipped (time budget)")
                 continue
             holder: dict[str, Any] = {}
-            result = attempt(holder, "ncu", lambda: run_ncu(args, version, out, timeout_s=min(180.0, left - 30)))
+            result = attempt(holder, "ncu", lambda: profile_step_with_ncu(
+                version, args.preset, args.precision, args.ncu_launch_count, out, timeout_s=min(180.0, left - 30), say=say))
             if result is None:
                 record["ncu"].append({"version": version, **holder["ncu"]})
                 continue

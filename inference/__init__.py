@@ -19,7 +19,8 @@ from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
 from inference.networks import NetworkSpec, UnknownNetworkError, get_spec, list_networks
 from inference.precision import AccuracyReport, compare_precisions
 from inference.profilers import FlopsProfile, MissingDependencyError
-from inference.results import append_csv, append_json, load_json, results_frame
+from inference.results import results_frame
+from tinyllama.records import append_csv, append_json, load_json
 from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, run_many, sweep_batch_sizes
 
 __all__ = [

@@ -301,192 +301,207 @@ def _cudnn_benchmark(device: torch.device) -> Iterator[None]:
         torch.backends.cudnn.benchmark = before
 
 
-def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, device: torch.device,
-         local_batch: int) -> BenchmarkResult:
-    training = config.mode == "training"
-    plan = precision.plan(config.precision, device)
-    size = config.input_size or spec.input_size
-    show_progress = config.progress and ctx.is_main
-    label = " ".join([config.precision] + (["channels-last"] if config.channels_last else [])
-                     + (["compiled"] if config.compile else []))
+class _Run:
+    """One run, stage by stage: ``prepare`` builds the network, its inputs and the fp32 eager
+    reference and applies the configuration; ``step`` is one iteration; ``warm_up`` and ``time`` run
+    iterations; ``result`` reports. The checks (``judge``, ``judge_loss``) stop a wrong configuration
+    before it is timed."""
 
-    # Same weights on every process; different data on each, as data parallelism has it.
-    model = networks.build(spec, config.seed).to(device)
-    params = sum(p.numel() for p in model.parameters())
-    generator = torch.Generator().manual_seed(config.seed + 1 + 1000 * ctx.rank)
-    cpu_inputs = networks.make_inputs(spec, local_batch, size, generator)
-    cpu_targets = networks.make_targets(spec, local_batch, size, generator) if training else None
+    def __init__(self, config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext,
+                 device: torch.device, local_batch: int) -> None:
+        self.config, self.spec, self.ctx, self.device, self.local_batch = config, spec, ctx, device, local_batch
+        self.training = config.mode == "training"
+        self.plan = precision.plan(config.precision, device)
+        self.size = config.input_size or spec.input_size
+        self.label = " ".join([config.precision] + (["channels-last"] if config.channels_last else [])
+                              + (["compiled"] if config.compile else []))
+        self.check_samples = min(local_batch, precision.CHECK_SAMPLES)
+        self.check = ("off (--no-check)" if not config.check
+                      else "skipped: detectors return a value-dependent number of boxes")
+        self.accuracy: precision.AccuracyReport | None = None
+        self.loss_check: str | None = None
+        self.reference: torch.Tensor | None = None
+        self.reference_loss: float | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scaler: Any = None
+        profiling = config.kineto or config.autograd_profiler
+        self.phase: Callable[[str], ContextManager[None]] = dev.annotate if profiling else _no_range
+        self.mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if config.compile else None
 
-    # The fp32 eager reference, before the configuration touches the model.
-    check_samples = min(local_batch, precision.CHECK_SAMPLES)
-    reference = None
-    check = "off (--no-check)" if not config.check else "skipped: detectors return a value-dependent number of boxes"
-    if config.check and spec.task != "detection":
-        model.eval()
-        with torch.inference_mode():
-            head = networks.to_device(networks.head(cpu_inputs, check_samples), device)
-            reference = networks.primary_output(spec, networks.forward(model, spec, head)).float().clone()
-    # In training, also the loss of the first step (before any update), where it is deterministic.
-    reference_loss = None
-    if reference is not None and training and not networks.random_in_training(model):
-        reference_loss = _training_loss(model, spec, networks.to_device(cpu_inputs, device),
-                                        networks.to_device(cpu_targets, device))
+    def prepare(self) -> None:
+        """The network (same weights on every process), its inputs (different data on each, as data
+        parallelism has it), the fp32 eager reference, then the configuration applied."""
+        config, spec, device = self.config, self.spec, self.device
+        self.model = networks.build(spec, config.seed).to(device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        generator = torch.Generator().manual_seed(config.seed + 1 + 1000 * self.ctx.rank)
+        cpu_inputs = networks.make_inputs(spec, self.local_batch, self.size, generator)
+        cpu_targets = networks.make_targets(spec, self.local_batch, self.size, generator) if self.training else None
+        if config.check and spec.task != "detection":  # the reference, before the configuration touches the model
+            self.model.eval()
+            with torch.inference_mode():
+                head = networks.to_device(networks.head(cpu_inputs, self.check_samples), device)
+                self.reference = networks.primary_output(spec, networks.forward(self.model, spec, head)).float().clone()
+        # In training, also the loss of the first step (before any update), where it is deterministic.
+        if self.reference is not None and self.training and not networks.random_in_training(self.model):
+            self.reference_loss = _training_loss(self.model, spec, networks.to_device(cpu_inputs, device),
+                                                 networks.to_device(cpu_targets, device))
+        elif self.reference is not None and self.training:
+            self.loss_check = "first-step loss not compared: the network draws random numbers in training (dropout)"
+        precision.apply(self.model, self.plan, config.batchnorm_fp32)
+        if config.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        self.inputs = networks.to_device(cpu_inputs, device, self.plan.input_dtype, config.channels_last)
+        self.targets = networks.to_device(cpu_targets, device, self.plan.input_dtype)
+        self.run_model: nn.Module = self.model
+        if self.training:
+            self._prepare_training()
+        else:
+            self.model.eval()
+        self.step_model: Callable[..., Any] = self.run_model
+        if config.compile:
+            torch._dynamo.reset()  # a fresh compile, not one cut short by earlier runs' recompile limit
+            self.step_model = torch.compile(self.run_model, **_compile_kwargs(config))
 
-    # Apply the configuration: precision, memory layout.
-    precision.apply(model, plan, config.batchnorm_fp32)
-    if config.channels_last:
-        model.to(memory_format=torch.channels_last)
-    inputs = networks.to_device(cpu_inputs, device, plan.input_dtype, config.channels_last)
-    targets = networks.to_device(cpu_targets, device, plan.input_dtype)
-    del cpu_inputs, cpu_targets
+    def _prepare_training(self) -> None:
+        if self.reference is not None:  # the eager configuration in eval mode; the timed step's loss comes later
+            self.model.eval()
+            with torch.inference_mode(), self.plan.autocast(self.device):
+                output = networks.forward(self.model, self.spec, networks.head(self.inputs, self.check_samples))
+                self.judge(networks.primary_output(self.spec, output), f"{self.config.precision}"
+                           f"{' channels-last' if self.config.channels_last else ''} (eager, eval mode)")
+        self.model.train()
+        if self.ctx.distributed:
+            self.run_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.scaler = self.plan.make_grad_scaler(self.device)
 
-    accuracy: precision.AccuracyReport | None = None
-    loss_check: str | None = None
-    if reference is not None and training and reference_loss is None:
-        loss_check = "first-step loss not compared: the network draws random numbers in training (dropout)"
+    def judge(self, output: torch.Tensor, configuration: str) -> None:
+        """Compare ``output`` with the fp32 eager reference; raise ``CheckFailedError`` if too far."""
+        assert self.reference is not None
+        self.accuracy = precision.compare(self.reference, output, self.config.precision,
+                                          self.spec.task == "classification", self.plan.compute_dtype, configuration)
+        self.check = "passed" if self.accuracy.passed else "failed"
+        if not self.accuracy.passed:
+            raise CheckFailedError(f"{self.accuracy.describe()}: {self.accuracy.failure_hint()}")
 
-    def judge_loss(loss: float) -> None:
-        nonlocal loss_check
-        assert reference_loss is not None
-        difference = abs(loss - reference_loss) / abs(reference_loss)
-        tolerance = precision.TOLERANCE[plan.compute_dtype]
+    def judge_loss(self, loss: float) -> None:
+        """Compare the first training step's loss with fp32 eager's; raise ``CheckFailedError`` if too far."""
+        assert self.reference_loss is not None
+        difference = abs(loss - self.reference_loss) / abs(self.reference_loss)
+        tolerance = precision.TOLERANCE[self.plan.compute_dtype]
         passed = math.isfinite(loss) and difference <= tolerance
-        loss_check = (f"first-step loss {loss:.5f} vs fp32 eager {reference_loss:.5f}: relative difference "
-                      f"{difference:.3g} [{'ok' if passed else 'FAILED'}, tolerance {tolerance:g}]")
+        self.loss_check = (f"first-step loss {loss:.5f} vs fp32 eager {self.reference_loss:.5f}: relative "
+                           f"difference {difference:.3g} [{'ok' if passed else 'FAILED'}, tolerance {tolerance:g}]")
         if not passed:
-            raise CheckFailedError(f"{label} training: {loss_check}: a wrong result must not be timed; "
+            raise CheckFailedError(f"{self.label} training: {self.loss_check}: a wrong result must not be timed; "
                                    "pass --no-check to time it anyway")
 
-    def judge(output: torch.Tensor, configuration: str) -> None:
-        nonlocal accuracy, check
-        assert reference is not None
-        accuracy = precision.compare(reference, output, config.precision, spec.task == "classification",
-                                     plan.compute_dtype, configuration)
-        check = "passed" if accuracy.passed else "failed"
-        if not accuracy.passed:
-            raise CheckFailedError(f"{accuracy.describe()}: {accuracy.failure_hint()}")
+    def step(self, module: Callable[..., Any] | None = None) -> Any:
+        """One iteration of ``module`` (default: the configured model): the outputs in inference, the
+        detached loss in training (forward, loss, backward, SGD step)."""
+        module = self.step_model if module is None else module
+        if self.mark_step is not None:
+            self.mark_step()
+        if not self.training:
+            with torch.inference_mode(), self.plan.autocast(self.device), self.phase("forward"):
+                return networks.forward(module, self.spec, self.inputs)
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.phase("forward"), self.plan.autocast(self.device):
+            loss = networks.loss(self.spec, networks.forward(module, self.spec, self.inputs, self.targets), self.targets)
+        with self.phase("backward"):
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        with self.phase("optimizer"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        return loss.detach()
 
-    optimizer = scaler = None
-    run_model: nn.Module = model
-    if training:
-        if reference is not None:  # the eager configuration in eval mode; the timed step's loss comes later
-            model.eval()
-            with torch.inference_mode(), plan.autocast(device):
-                judge(networks.primary_output(spec, networks.forward(model, spec, networks.head(inputs, check_samples))),
-                      f"{config.precision}{' channels-last' if config.channels_last else ''} (eager, eval mode)")
-        model.train()
-        if ctx.distributed:
-            run_model = nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        scaler = plan.make_grad_scaler(device)
-    else:
-        model.eval()
-
-    step_model: Callable[..., Any] = run_model
-    if config.compile:
-        torch._dynamo.reset()  # a fresh compile, not one cut short by earlier runs' recompile limit
-        step_model = torch.compile(run_model, **_compile_kwargs(config))
-    mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if config.compile else None
-    profiling = config.kineto or config.autograd_profiler
-    phase: Callable[[str], ContextManager[None]] = dev.annotate if profiling else _no_range
-
-    def make_step(module: Callable[..., Any]) -> Callable[[], Any]:
-        if not training:
-            def inference_step() -> Any:
-                if mark_step is not None:
-                    mark_step()
-                with torch.inference_mode(), plan.autocast(device), phase("forward"):
-                    return networks.forward(module, spec, inputs)
-            return inference_step
-
-        assert optimizer is not None
-
-        def training_step() -> torch.Tensor:
-            if mark_step is not None:
-                mark_step()
-            optimizer.zero_grad(set_to_none=True)
-            with phase("forward"), plan.autocast(device):
-                output = networks.forward(module, spec, inputs, targets)
-                loss = networks.loss(spec, output, targets)
-            with phase("backward"):
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            with phase("optimizer"):
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-            return loss.detach()
-        return training_step
-
-    step = make_step(step_model)
-    timer = PhaseTimer(device)
-    warmup_ms: list[float] = []
-    first_loss: float | None = None
-    prefix = f"[rank {ctx.rank}] " if ctx.distributed else ""
-
-    with _cudnn_benchmark(device):
-        # Warm-up, each iteration timed on its own: the first one pays the one-time costs.
-        warm_desc = f"{prefix}warm-up" + (" (the first iteration compiles)" if config.compile else "")
-        for i in tqdm(range(config.warmup), desc=warm_desc, disable=not show_progress, leave=False):
+    def warm_up(self, timer: PhaseTimer, prefix: str) -> tuple[list[float], float | None]:
+        """Warm-up iterations, each timed on its own (the first one pays the one-time costs); the
+        first is checked. Returns their ms and the first training loss."""
+        warmup_ms: list[float] = []
+        first_loss: float | None = None
+        desc = f"{prefix}warm-up" + (" (the first iteration compiles)" if self.config.compile else "")
+        for i in tqdm(range(self.config.warmup), desc=desc, disable=not self.show_progress, leave=False):
             timer.start()
-            output = step()
+            output = self.step()
             timer.mark("warm-up")
             warmup_ms.append(timer.stop()["warm-up"])
-            if i == 0 and training:
+            if i == 0 and self.training:
                 first_loss = float(output)
-                if reference_loss is not None:
-                    judge_loss(first_loss)
-            if i == 0 and reference is not None and not training:
-                judge(networks.primary_output(spec, output)[:check_samples], label)
+                if self.reference_loss is not None:
+                    self.judge_loss(first_loss)
+            if i == 0 and self.reference is not None and not self.training:
+                self.judge(networks.primary_output(self.spec, output)[:self.check_samples], self.label)
             del output
+        return warmup_ms, first_loss
 
-        samples: list[float] = []
-        flops_profile = None
-        operator_table = None
-        trace = None
-        last = None
+    @property
+    def show_progress(self) -> bool:
+        return self.config.progress and self.ctx.is_main
+
+    def time(self, timer: PhaseTimer, prefix: str) -> dict[str, Any]:
+        """The timed iterations, back to back, under the profilers asked for; the DeepSpeed FLOPS
+        profile takes one iteration out of the timing."""
+        config, spec, device = self.config, self.spec, self.device
+        out: dict[str, Any] = {"samples": [], "flops_profile": None, "operator_table": None, "trace": None, "last": None}
         with contextlib.ExitStack() as stack:
             kineto = None
             if config.kineto:
                 trace_prefix = Path(config.output_dir) / (
-                    f"trace_{spec.name}_{config.mode}_{config.precision}_bs{config.batch_size}_rank{ctx.rank}")
-                kineto, trace = stack.enter_context(profilers.kineto(device, trace_prefix))
+                    f"trace_{spec.name}_{config.mode}_{config.precision}_bs{config.batch_size}_rank{self.ctx.rank}")
+                kineto, out["trace"] = stack.enter_context(profilers.kineto(device, trace_prefix))
             if config.autograd_profiler:
-                operator_table = stack.enter_context(profilers.operator_table(device))
+                out["operator_table"] = stack.enter_context(profilers.operator_table(device))
             distributed.barrier()  # all processes start timing together
             dev.reset_peak_memory(device)
             timer.start()
-            for i in tqdm(range(config.iterations), desc=f"{prefix}timed", disable=not show_progress, leave=False):
+            for i in tqdm(range(config.iterations), desc=f"{prefix}timed", disable=not self.show_progress, leave=False):
                 if i == config.flops_prof_step:
-                    samples.extend(timer.stop().values())
-                    flops_profile = profilers.deepspeed_flops(model, make_step(run_model), i, local_batch)
+                    out["samples"].extend(timer.stop().values())
+                    out["flops_profile"] = profilers.deepspeed_flops(self.model, lambda: self.step(self.run_model), i,
+                                                                     self.local_batch)
                     timer.start()
                 else:
-                    with phase(f"iteration {i}"):
-                        last = step()
+                    with self.phase(f"iteration {i}"):
+                        out["last"] = self.step()
                     timer.mark(f"iteration {i}")
                 if kineto is not None:
                     kineto.step()
-            samples.extend(timer.stop().values())
+            out["samples"].extend(timer.stop().values())
+        return out
 
+
+def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, device: torch.device,
+         local_batch: int) -> BenchmarkResult:
+    run = _Run(config, spec, ctx, device, local_batch)
+    run.prepare()
+    timer = PhaseTimer(device)
+    prefix = f"[rank {ctx.rank}] " if ctx.distributed else ""
+    with _cudnn_benchmark(device):
+        warmup_ms, first_loss = run.warm_up(timer, prefix)
+        timed = run.time(timer, prefix)
     peak = dev.memory_stats(device).peak_bytes
     environment = {**dev.environment_summary(device), **precision.tf32_enabled(device)}
+    trace, table, last = timed["trace"], timed["operator_table"], timed["last"]
     result = BenchmarkResult(
         network=spec.name, task=spec.task, mode=config.mode, precision=config.precision,
         batch_size=config.batch_size, local_batch_size=local_batch, world_size=ctx.world_size, rank=ctx.rank,
-        input_size=size, channels_last=config.channels_last, compiled=config.compile,
-        compile_options=dict(config.compile_options or {}), params=params, device=str(environment["device"]),
-        backend=dev.backend() if device.type == "cuda" else "cpu", warmup_ms=warmup_ms, timing=summarize(samples),
-        peak_memory_mib=None if peak is None else peak / 2**20, check=check, accuracy=accuracy,
-        loss_check=loss_check,
-        first_loss=first_loss, final_loss=float(last) if training and last is not None else None,
+        input_size=run.size, channels_last=config.channels_last, compiled=config.compile,
+        compile_options=dict(config.compile_options or {}), params=run.params, device=str(environment["device"]),
+        backend=dev.backend() if device.type == "cuda" else "cpu", warmup_ms=warmup_ms,
+        timing=summarize(timed["samples"]), peak_memory_mib=None if peak is None else peak / 2**20, check=run.check,
+        accuracy=run.accuracy, loss_check=run.loss_check, first_loss=first_loss,
+        final_loss=float(last) if run.training and last is not None else None,
         profiler="kineto" if config.kineto else ("autograd" if config.autograd_profiler else None),
-        trace_files=list(trace.paths) if trace else [],
-        operator_table=operator_table.text if operator_table else None, flops_profile=flops_profile,
-        baseline_throughput=config.baseline_throughput, environment=environment,
-        batchnorm_fp32=config.batchnorm_fp32 if plan.weight_dtype != torch.float32 else None,
+        trace_files=list(trace.paths) if trace else [], operator_table=table.text if table else None,
+        flops_profile=timed["flops_profile"], baseline_throughput=config.baseline_throughput,
+        environment=environment, batchnorm_fp32=config.batchnorm_fp32 if run.plan.weight_dtype != torch.float32 else None,
     )
     medians = distributed.gather(result.timing.median, ctx)
     result.per_rank_throughput = distributed.gather(result.throughput, ctx)

@@ -15,9 +15,10 @@ from typing import Sequence
 
 from inference import distributed, networks, profilers, sweep
 from inference.benchmark import BenchmarkResult, run_benchmark
-from inference.config import (COMPILE_MODES, MODES, PRECISIONS, BenchmarkConfig, BenchmarkError, ConfigError,
+from inference.config import (COMPILE_MODES, INFERENCE_PRECISIONS, MODES, BenchmarkConfig, BenchmarkError, ConfigError,
                               parse_compile_context)
-from inference.results import append_csv, append_json, resolve
+from inference.results import resolve
+from tinyllama.records import append_csv, append_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
 
     speed = parser.add_argument_group("precision and speed-ups")
-    speed.add_argument("--precision", choices=PRECISIONS, default=None,
+    speed.add_argument("--precision", choices=INFERENCE_PRECISIONS, default=None,
                        help="fp32 (default), fp16 or bf16 weights and activations, or amp (autocast)")
     speed.add_argument("--fp16", type=int, default=0, help="1: same as --precision fp16 (the original's flag)")
     speed.add_argument("--amp", action="store_true", help="same as --precision amp")

@@ -13,17 +13,16 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from tinyllama.errors import BenchmarkError
+from tinyllama.settings import COMPILE_MODES
+
 MODES = ("inference", "training")
-PRECISIONS = ("fp32", "fp16", "bf16", "amp")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Not tinyllama.settings.PRECISIONS: inference casts the whole network (fp16, bf16) or autocasts (amp).
+INFERENCE_PRECISIONS = ("fp32", "fp16", "bf16", "amp")
 # Keys of torch.compile that --compileContext may set.
 COMPILE_KEYS = ("mode", "options", "fullgraph", "dynamic", "backend", "disable")
 # The PyTorch profiler's schedule for --kineto, as the original benchmark used it.
 KINETO_WAIT, KINETO_WARMUP, KINETO_ACTIVE = 1, 2, 2
-
-
-class BenchmarkError(Exception):
-    """A failure the participant can act on; the command line prints it as one line, no traceback."""
 
 
 class ConfigError(BenchmarkError, ValueError):
@@ -80,7 +79,7 @@ class BenchmarkConfig:
                 "costs (allocation, autotuning, compilation) that must not be timed"
             )
         _check_choice("--mode", self.mode, MODES)
-        _check_choice("--precision", self.precision, PRECISIONS)
+        _check_choice("--precision", self.precision, INFERENCE_PRECISIONS)
         if self.input_size is not None and self.input_size < 16:
             raise ConfigError(f"--input-size must be at least 16 pixels (got {self.input_size})")
         if self.flops_prof_step is not None:

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from inference.config import KINETO_ACTIVE, KINETO_WAIT, KINETO_WARMUP, BenchmarkError
-from inference.results import unique_path
+from tinyllama.profiling.torch_profiler import activities
+from tinyllama.records import unique_path
 
 DEEPSPEED_MISSING = "install deepspeed: pip install deepspeed"
 TABLE_ROWS = 25
@@ -24,13 +25,6 @@ TABLE_ROWS = 25
 
 class MissingDependencyError(BenchmarkError):
     """A package that a flag needs is not installed."""
-
-
-def _activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":  # CUDA activity records HIP kernels too on ROCm builds
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return activities
 
 
 @dataclass
@@ -54,7 +48,7 @@ def kineto(device: torch.device, prefix: Path) -> Iterator[tuple[torch.profiler.
         trace.paths.append(str(path))
 
     schedule = torch.profiler.schedule(wait=KINETO_WAIT, warmup=KINETO_WARMUP, active=KINETO_ACTIVE, repeat=1)
-    with torch.profiler.profile(activities=_activities(device), schedule=schedule,
+    with torch.profiler.profile(activities=activities(device), schedule=schedule,
                                 on_trace_ready=write_trace, record_shapes=True) as profiler:
         yield profiler, trace
 
@@ -73,7 +67,7 @@ def operator_table(device: torch.device) -> Iterator[OperatorTable]:
     (CPU time on the CPU). The benchmark also marks each iteration and phase with
     ``tinyllama.device.annotate``, which emits NVTX (NVIDIA) or ROCTX (AMD) ranges for nsys/rocprof."""
     table = OperatorTable()
-    with torch.profiler.profile(activities=_activities(device), record_shapes=True) as profiler:
+    with torch.profiler.profile(activities=activities(device), record_shapes=True) as profiler:
         yield table
     averages = profiler.key_averages()
     on_device = device.type == "cuda"

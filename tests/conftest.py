@@ -1,14 +1,37 @@
-"""Shared test set-up: tests run on the CPU unless a GPU is present; Triton runs interpreted there."""
+"""Shared test set-up: tests run on the CPU unless a GPU is present; Triton runs interpreted there.
+
+``DEVICE`` (and the ``device`` fixture) is where tests run; tests that need a GPU carry
+``@pytest.mark.gpu`` and are skipped without one."""
 
 import os
 
+import pytest
 import torch
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
 
 # The Triton interpreter must be chosen before any kernel module is imported (the @triton.jit
 # decorator reads it), so set it here, first, on machines without a GPU.
-if not torch.cuda.is_available():
+if not GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Tests must never write results into a user's real results directory.
 os.environ.setdefault("WORKSHOP_PROFILE", "ci")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``gpu`` on a machine without one."""
+    if GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device tests run on: the GPU where there is one, else the CPU."""
+    return torch.device(DEVICE)

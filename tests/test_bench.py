@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tinyllama.bench import BenchmarkError, TrainingStep, make_batches, run_benchmark
+from tinyllama.bench import BenchmarkError, TrainingStep, main, make_batches, run_benchmark
 from tinyllama.checks import CorrectnessError, check_every_parameter_trained
 from tinyllama.config import get_preset
 from tinyllama.flops import counted_training_flops, training_flops
@@ -110,24 +110,19 @@ def test_out_of_memory_becomes_advice(monkeypatch):
     def explode(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(bench, "_run", explode)
+    monkeypatch.setattr(bench, "_time_steps", explode)
     with pytest.raises(BenchmarkError, match="out of memory .* try a smaller batch"):
         run_benchmark("v1", "ci", batch_size=8, progress=False, device="cpu")
 
 
-def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tinyllama.bench", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
-
-
-def test_cli_writes_valid_json_and_appends(tmp_path):
+def test_cli_writes_valid_json_and_appends(tmp_path, capsys):
     out = tmp_path / "bench.json"
     for _ in range(2):
-        done = _cli("--preset", "ci", "--num-steps", "3", "--warmup-steps", "1", "--quiet", "--json", str(out))
-        assert done.returncode == 0, done.stderr
+        assert main(["--preset", "ci", "--num-steps", "3", "--warmup-steps", "1", "--quiet", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     assert len(records) == 2 and records[0]["version"] == "v1" and records[0]["step_ms_median"] > 0
-    assert "step:" in done.stdout and "tokens/s" in done.stdout
+    printed = capsys.readouterr().out
+    assert "step:" in printed and "tokens/s" in printed
 
 
 @pytest.mark.parametrize("args, message", [
@@ -136,7 +131,13 @@ def test_cli_writes_valid_json_and_appends(tmp_path):
     (["--preset", "ci", "--batch-size", "0"], "at least 1"),
     (["--preset", "ci", "--hidden-dim", "65"], "not divisible by num_heads"),
 ])
-def test_cli_bad_flags_exit_nonzero_with_one_line(args, message):
-    done = _cli(*args, "--quiet")
-    assert done.returncode == 2
-    assert message in done.stderr and "Traceback" not in done.stderr
+def test_cli_bad_flags_exit_nonzero_with_one_line(args, message, capsys):
+    assert main([*args, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_the_module_runs_as_a_command():
+    done = subprocess.run([sys.executable, "-m", "tinyllama.bench", "--help"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "--preset" in done.stdout

@@ -6,6 +6,7 @@ import json
 import matplotlib
 import pytest
 import torch
+from conftest import GPU
 
 matplotlib.use("Agg")
 
@@ -51,7 +52,7 @@ def test_cuda_graph_is_a_switch_of_the_run_not_of_the_model():
     assert not cmp.parse_run("v1[cuda_graph=0]").cuda_graph and not cmp.parse_run("v1").cuda_graph
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+@pytest.mark.skipif(GPU, reason="checks the message on a machine without a GPU")
 def test_cuda_graph_runs_are_refused_on_the_cpu_before_anything_runs(capsys):
     with pytest.raises(ValueError, match="v4\\[cuda_graph=1\\]:bf16: cuda_graph needs a GPU"):
         cmp.compare(["v1:fp32", "v4[cuda_graph=1]"], "ci", device="cpu", progress=True)
@@ -131,6 +132,28 @@ def test_table_and_plot(result):
     fig = result.plot()
     speed, split = fig.axes[:2]
     assert len(speed.patches) == len(result.runs) and len(split.patches) == 3 * len(result.runs)
+
+
+def test_the_measured_mfu_column_is_left_out_without_a_ceiling(result):
+    assert result.table()["MFU % (measured)"].notna().all()  # the fixture gives fp32 and bf16 ceilings
+    record = copy.deepcopy(result.record)
+    for row in record["runs"]:
+        row["ceiling_tflops"] = row["mfu_measured"] = None
+    unmeasured = cmp.Comparison(record)
+    assert "MFU % (measured)" not in unmeasured.table() and "MFU % (measured)" not in str(unmeasured)
+
+
+def test_ceilings_are_measured_on_a_gpu_unless_given(monkeypatch):
+    from types import SimpleNamespace
+
+    measured = []
+    monkeypatch.setattr("tinyllama.ceilings.measure_matmul_tflops",
+                        lambda precision, device=None: measured.append(precision) or SimpleNamespace(value=100.0))
+    assert cmp.resolve_ceilings({}, ["fp32", "bf16"], torch.device("cpu")) == {}
+    assert measured == []
+    both = cmp.resolve_ceilings({"bf16": 700.0}, ["fp32", "bf16", "fp32"], torch.device("cuda"))
+    assert both == {"fp32": 100.0, "bf16": 700.0} and measured == ["fp32"]
+    assert cmp.resolve_ceilings({}, ["fp32"], torch.device("cpu"), measure=True) == {"fp32": 100.0}
 
 
 def test_a_version_that_computes_something_else_is_not_timed(monkeypatch):
@@ -269,15 +292,10 @@ def test_gemm_kernel_names_of_both_vendors():
         assert not cmp.is_gemm_kernel(name), name
 
 
-def test_gpu_script_runs_are_valid_and_it_judges_a_record(result):
-    """gpu/compare_gpu.py: its run list parses, and its judgement reads a comparison record."""
-    import importlib.util
-    from pathlib import Path
+def test_gpu_runs_are_valid_and_a_record_is_judged(result):
+    """The GPU measurement (gpu/compare_gpu.py): its run list parses, and its judgement reads a record."""
+    from tinyllama.comparison import targets as script
 
-    path = Path(__file__).resolve().parents[1] / "gpu" / "compare_gpu.py"
-    spec = importlib.util.spec_from_file_location("compare_gpu", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     labels = [s.label for s in cmp.expand_runs(script.default_runs())]
     assert labels[0] == "v1:fp32" and labels[-3:] == ["v4:bf16", "v4[compile_mode=reduce-overhead]:bf16",
                                                   "v4[cuda_graph=1]:bf16"]

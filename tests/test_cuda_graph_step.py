@@ -4,11 +4,12 @@ the eager step (same losses, same weights) while the batch changes from step to 
 import pytest
 import torch
 
+from conftest import GPU
+
 from tinyllama import bench
 from tinyllama.config import get_preset
 from tinyllama.models import build, transfer_weights
 
-GPU = torch.cuda.is_available()
 
 
 def _tiny(version="v1", **options):
@@ -22,22 +23,21 @@ def test_refused_without_a_gpu():
         bench.GraphedTrainingStep(_tiny(), "fp32", "cpu")
 
 
-def test_refused_for_fp16_and_self_graphing_compile_modes_and_short_warmups():
-    device = "cuda" if GPU else "cpu"
+def test_refused_for_fp16_and_self_graphing_compile_modes_and_short_warmups(device):
     if GPU:
         with pytest.raises(ValueError, match="fp16"):
             bench.GraphedTrainingStep(_tiny().to(device), "fp16", device)
         with pytest.raises(ValueError, match="reduce-overhead"):
             bench.GraphedTrainingStep(_tiny("v4", compile_mode="reduce-overhead").to(device), "bf16", device)
     else:  # the check itself, without a GPU: V4 as shipped can be captured, with its own graphs not
-        assert bench._captures_own_graphs(_tiny("v4", compile_mode="reduce-overhead"))
-        assert bench._captures_own_graphs(_tiny("v2", compile=True, compile_mode="max-autotune"))
-        assert not bench._captures_own_graphs(_tiny("v4")) and not bench._captures_own_graphs(_tiny("v3"))
+        assert _tiny("v4", compile_mode="reduce-overhead").own_cuda_graphs
+        assert _tiny("v2", compile=True, compile_mode="max-autotune").own_cuda_graphs
+        assert not _tiny("v4").own_cuda_graphs and not _tiny("v3").own_cuda_graphs
     with pytest.raises(ValueError, match="warmup_steps >= 3"):
         bench.run_benchmark("v1", "ci", warmup_steps=1, num_steps=1, cuda_graph=True, device=device, progress=False)
 
 
-@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("version,precision", [("v1", "fp32"), ("v3", "bf16"), ("v4", "bf16")])
 def test_graphed_steps_train_like_eager_steps(version, precision):
     config = get_preset("ci").model
@@ -58,7 +58,7 @@ def test_graphed_steps_train_like_eager_steps(version, precision):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), name
 
 
-@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_run_benchmark_records_graph_mode():
     result = bench.run_benchmark("v3", "ci", precision="bf16", num_steps=3, warmup_steps=3, cuda_graph=True,
                                  progress=False)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import GPU
 
 from tinyllama import device as dev
 from tinyllama.ceilings import measure_copy_tbs, measure_matmul_tflops
@@ -36,7 +37,7 @@ def test_peaks_are_ordered_as_the_hardware_is():
         h100.tflops("int4")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+@pytest.mark.skipif(GPU, reason="checks the CPU fallback")
 def test_cpu_machine_reports_cpu_and_refuses_a_gpu_with_a_reason():
     assert dev.backend() == "cpu"
     assert dev.get_device().type == "cpu"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import GPU
 
 from inference.cli import build_parser, config_from_args, main
 
@@ -48,11 +49,8 @@ def test_unknown_network_exits_non_zero_with_the_closest_names(capsys):
     assert "unknown network 'resnet5'" in err and "resnet50" in err
 
 
+@pytest.mark.skipif(GPU, reason="checks the message on a machine without a GPU")
 def test_asking_for_a_gpu_without_one_is_one_line(capsys):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     assert main(["--network", "resnet18", "--device", "cuda"]) == 1
     err = capsys.readouterr().err
     assert "PyTorch sees no GPU" in err and "Traceback" not in err
@@ -86,14 +84,15 @@ def test_missing_deepspeed_is_one_line_at_the_command_line(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "error: install deepspeed: pip install deepspeed"
 
 
-def test_command_line_appends_csv_and_json_in_the_output_dir(tmp_path):
-    flags = ["-m", "inference", "--network", "mobilenet_v3_small", "--batch-size", "2", "--iterations", "2",
+def test_command_line_appends_csv_and_json_in_the_output_dir(tmp_path, monkeypatch, capsys):
+    flags = ["--network", "mobilenet_v3_small", "--batch-size", "2", "--iterations", "2",
              "--warmup", "1", "--precision", "bf16", "--mode", "training", "--device", "cpu", "--quiet",
              "--output-dir", str(tmp_path / "results"), "--csv-file", "runs.csv", "--json", "runs.json"]
+    monkeypatch.chdir(tmp_path)
     for _ in range(2):
-        done = run_module(*flags, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-    assert "samples/s" in done.stdout and "training loss" in done.stdout
+        assert main(flags) == 0
+    printed = capsys.readouterr().out
+    assert "samples/s" in printed and "training loss" in printed
     rows = list(csv.DictReader((tmp_path / "results" / "runs.csv").open()))
     records = json.loads((tmp_path / "results" / "runs.json").read_text())
     assert len(rows) == len(records) == 2

@@ -86,7 +86,7 @@ def test_a_sample_holds_about_the_target_time_in_calls():
     assert bench._calls_per_sample(1.0, 5.0, 3) == 3
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA-graph replays")
+@pytest.mark.gpu
 def test_graph_samples_are_sized_by_gpu_time_not_launch_time():
     """A 16 us backward takes far longer to launch from Python; a sample sized by the launches would
     hold a handful of calls (tens of us, with the graph's launch counted into each call)."""

@@ -7,11 +7,12 @@ two included); with a GPU the same tests run compiled at the workshop's shapes.
 import pytest
 import torch
 
+from conftest import DEVICE
+
 from tinyllama.kernels import KernelMismatch, rmsnorm, rmsnorm_reference
-from tinyllama.kernels._triton import compare_with_reference, relative_error
+from tinyllama.kernels._triton import compare_with_reference, max_relative_error
 from tinyllama.kernels.rmsnorm import rmsnorm_backward, rmsnorm_forward
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (leading shape, hidden size)
 SHAPES = ([((16, 512), 1024), ((4, 256), 4096), ((3, 333), 1000), ((2, 7), 257)] if DEVICE == "cuda"
           else [((2, 3), 48), ((5,), 100), ((1, 7), 257), ((4, 16), 64), ((37,), 48)])
@@ -74,14 +75,14 @@ def test_deterministic_mode_sums_the_weight_gradient_in_a_fixed_order(lead, hidd
     assert torch.equal(first, second)
     torch.use_deterministic_algorithms(False)
     atomic = _weight_gradient(lead, hidden, 5)
-    assert relative_error(atomic, first) < 1e-5
+    assert max_relative_error(atomic, first) < 1e-5
 
 
 def test_rstd_is_the_reciprocal_root_mean_square():
     x, weight = _inputs((3,), 257, torch.float32, seed=2)
     _, rstd = rmsnorm_forward(x.detach(), weight.detach(), eps=1e-5)
     expected = torch.rsqrt(x.detach().pow(2).mean(-1) + 1e-5)
-    assert relative_error(rstd, expected) < 1e-6
+    assert max_relative_error(rstd, expected) < 1e-6
 
 
 @pytest.mark.parametrize("lead", [(3, 5), (0,)], ids=["rows", "no-rows"])
@@ -99,7 +100,7 @@ def test_the_kernels_zero_the_vectors_they_are_given(lead):
     dx, dweight = rmsnorm_backward(dy, x, weight, rstd, dweight_sum=zeroed, zero_next=zero_next)
     assert torch.equal(zero_next, torch.zeros_like(zero_next))
     dx_own, dweight_own = rmsnorm_backward(dy, x, weight, rstd)
-    assert torch.equal(dx, dx_own) and relative_error(dweight, dweight_own) < 1e-6
+    assert torch.equal(dx, dx_own) and max_relative_error(dweight, dweight_own) < 1e-6
 
 
 def test_repeated_backward_gives_the_same_gradients():
@@ -112,7 +113,7 @@ def test_repeated_backward_gives_the_same_gradients():
     exact = [t.detach().requires_grad_() for t in (x, weight)]
     expected = torch.autograd.grad(rmsnorm_reference(*exact), exact, dy)
     for dx, dweight in grads:
-        assert relative_error(dx, expected[0]) < 1e-5 and relative_error(dweight, expected[1]) < 1e-5
+        assert max_relative_error(dx, expected[0]) < 1e-5 and max_relative_error(dweight, expected[1]) < 1e-5
 
 
 def test_a_wrong_sum_vector_is_refused():
@@ -121,7 +122,7 @@ def test_a_wrong_sum_vector_is_refused():
         rmsnorm_forward(x.detach(), weight.detach(), 1e-5, zeroed=torch.zeros(47, device=DEVICE))
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: kernel launches and CUDA graphs")
+@pytest.mark.gpu
 def test_the_backward_is_one_kernel():
     """No zeroing kernel of its own: the backward launches only the Triton kernel."""
     x, weight = _inputs((16, 512), 1024, torch.bfloat16, seed=9)
@@ -136,7 +137,7 @@ def test_the_backward_is_one_kernel():
     assert len(kernels) == 1 and "rmsnorm_bwd" in kernels[0], kernels
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: kernel launches and CUDA graphs")
+@pytest.mark.gpu
 def test_a_captured_backward_replays_to_the_same_gradient():
     """Forward run eagerly, backward captured in a CUDA graph and replayed twice: each replay must
     zero its own sum (a sum zeroed by the eager forward would be added into again on replay)."""
@@ -156,7 +157,7 @@ def test_a_captured_backward_replays_to_the_same_gradient():
     for _ in range(2):
         graph.replay()
         torch.cuda.synchronize()
-        assert relative_error(captured[1], eager[1]) < 1e-5 and torch.equal(captured[0], eager[0])
+        assert max_relative_error(captured[1], eager[1]) < 1e-5 and torch.equal(captured[0], eager[0])
 
 
 def test_out_dtype_rounds_the_fp32_result_once():

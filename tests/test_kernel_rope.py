@@ -6,14 +6,14 @@ power of two, a sequence of one token); with a GPU, compiled at the workshop's s
 
 import pytest
 import torch
+from conftest import DEVICE
 
 # tinyllama.kernels first: on a CPU it chooses Triton's interpreter before any kernel is defined.
-from tinyllama.kernels import KernelMismatch, relative_error
+from tinyllama.kernels import KernelMismatch, max_relative_error
 from tinyllama.kernels._triton import compare_with_reference
 from tinyllama.kernels.rope import rope, rope_reference
 from tinyllama.models.v1_baseline import RotaryEmbedding
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (batch, heads, seq, head_dim)
 SHAPES = ([(16, 8, 512, 128), (2, 4, 1000, 64)] if DEVICE == "cuda"
           else [(2, 3, 37, 64), (1, 2, 5, 96), (2, 1, 9, 40), (3, 2, 1, 64)])
@@ -89,15 +89,15 @@ def test_equals_the_v1_rotary_embedding_module(dtype):
     # fp32: rounding only. bf16: V1 rounds the tables and each product to bf16, the kernel rounds
     # once at the end, so they may differ by a few bf16 ulps.
     tol = 1e-6 if dtype == torch.float32 else 2e-2
-    assert relative_error(rope(x, module.cos, module.sin), expected) <= tol
+    assert max_relative_error(rope(x, module.cos, module.sin), expected) <= tol
 
 
 def test_rotating_back_by_minus_the_angle_returns_the_input():
     x = _input((2, 3, 20, 48), torch.float32, seed=5).detach()
     cos, sin = _tables(48, 20)
     rotated = rope(x, cos, sin)
-    assert relative_error(rotated, x) > 0.1  # the rotation does move x ...
-    assert relative_error(rope(rotated, cos, -sin), x) < 1e-6  # ... and its inverse undoes it
+    assert max_relative_error(rotated, x) > 0.1  # the rotation does move x ...
+    assert max_relative_error(rope(rotated, cos, -sin), x) < 1e-6  # ... and its inverse undoes it
 
 
 def test_a_wrong_formula_is_caught():

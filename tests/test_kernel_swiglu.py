@@ -7,10 +7,11 @@ workshop's shapes (the medium model's feed-forward is 8192 tokens x 4096).
 import pytest
 import torch
 
+from conftest import DEVICE
+
 from tinyllama.kernels import KernelMismatch, swiglu, swiglu_packed, swiglu_packed_reference, swiglu_reference
 from tinyllama.kernels._triton import compare_with_reference
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = ([(16, 512, 4096), (8, 256, 11008), (1000, 1000)] if DEVICE == "cuda"
           else [(3, 48), (2, 5, 100), (1, 257), (33, 64)])
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -5,21 +5,20 @@ combination of V2's switches. The mutation tests at the end show that the check 
 concatenation order, a missing rotary embedding or a cut graph each make it fail.
 """
 
-import inspect
 from itertools import product
 
 import pytest
 import torch
 
 import tinyllama.models as models
-from tinyllama.bench import make_batches
 from tinyllama.checks import parameters_without_gradient
-from tinyllama.compare import TOLERANCES, check_parity, reference_answer
+from tinyllama.comparison.parity import TOLERANCES, ParityCheck, check_parity, reference_answer
 from tinyllama.config import get_preset, make_config
 from tinyllama.models import VERSIONS, build, lm_loss, model_class, transfer_weights
 from tinyllama.models import v2_fused
 from tinyllama.models.v1_baseline import Attention
 from tinyllama.models.weights import canonical_state_dict
+from tinyllama.training import make_batches
 
 CONFIG = get_preset("ci").model
 # Larger than the 0.02 of training, so that attention is far from uniform and a wrong rotation or a
@@ -30,8 +29,7 @@ TEST_INIT_STD = 0.1
 def _variants():
     """(version, options) for every version, uncompiled; V2 in all 8 switch combinations."""
     for version in VERSIONS:
-        params = inspect.signature(model_class(version).__init__).parameters
-        base = {"compile": False} if "compile" in params else {}
+        base = {"compile": False} if "compile" in model_class(version).switch_names else {}
         if version == "v2":
             for qkv, gate_up, sdpa in product((False, True), repeat=3):
                 yield version, {**base, "fuse_qkv": qkv, "fuse_gate_up": gate_up, "sdpa": sdpa}
@@ -177,6 +175,40 @@ def test_check_catches_a_cut_graph(v1_model, reference):
     assert not check.passed
     assert check.without_gradient == ["layers.1.attn_norm.weight"]
     assert check.gradient_error > 0.1
+
+
+def test_a_gradient_error_alone_fails_the_check():
+    def check(gradient_error):
+        return ParityCheck("fp32", logits_error=0.0, loss_error=0.0, gradient_error=gradient_error,
+                           worst_parameter="w", without_gradient=[], missing_parameters=[],
+                           tolerance=TOLERANCES["fp32"])
+
+    assert check(0.5 * TOLERANCES["fp32"].gradients).passed
+    assert not check(2 * TOLERANCES["fp32"].gradients).passed
+
+
+class _DoubledGradient(torch.autograd.Function):
+    """The identity forward, twice the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+def test_check_catches_a_right_forward_with_a_doubled_backward(v1_model, reference):
+    class DoubledBackward(type(v1_model)):
+        def forward(self, input_ids):
+            return _DoubledGradient.apply(super().forward(input_ids))
+
+    torch.manual_seed(1)
+    model = transfer_weights(v1_model, DoubledBackward(CONFIG))
+    check = check_parity(model, reference, "fp32")
+    assert check.logits_error <= 1e-5 and check.loss_error <= 1e-5  # the forward is right
+    assert not check.passed and check.gradient_error == pytest.approx(1.0, rel=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------

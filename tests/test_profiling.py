@@ -6,6 +6,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from conftest import GPU
 import torch.nn.functional as F
 
 from tinyllama import device as dev
@@ -129,7 +130,7 @@ def test_memory_breakdown_matches_the_model_and_activations_scale_with_batch():
     assert 1.8 < ratio <= 2.0  # activations grow with the batch (a few batch-independent buffers)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
+@pytest.mark.skipif(GPU, reason="checks the CPU behaviour")
 def test_phase_memory_on_the_cpu_says_what_to_use_instead():
     step, inputs, targets = _step()
     table = memory.phase_memory(step, inputs, targets, warmup=0)
@@ -226,7 +227,7 @@ class _SdpaLlama(TinyLlama):
     block_class = _SdpaBlock
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU flash kernel is what flop_counter misses")
+@pytest.mark.skipif(GPU, reason="the CPU flash kernel is what flop_counter misses")
 def test_attention_through_sdpa_is_where_the_counters_differ():
     torch.manual_seed(0)
     model = _SdpaLlama(CONFIG)

@@ -1,3 +1,10 @@
-"""TinyLLaMA: a LLaMA-style decoder in four ever faster versions, with the tools to measure them."""
+"""TinyLLaMA: a LLaMA-style decoder in four ever faster versions, with the tools to measure them.
+
+``models/`` the versions (V1's class declares the contract the harnesses read); ``kernels/`` the
+Triton kernels; ``training`` the timed training step; ``bench`` and ``compare`` the two harnesses
+(``comparison/`` holds the comparison's parts); ``profiling/`` the instruments; ``records`` the
+results files (shared with ``inference``); ``settings``, ``config``, ``device``, ``timing``, ``cli``
+what they all share; ``course/`` the notebooks' infrastructure.
+"""
 
 __version__ = "0.1.0"

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from tinyllama import device as dev
+from tinyllama.settings import DTYPES, PRECISIONS
 from tinyllama.timing import Stats, time_callable
-
-_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -36,11 +35,11 @@ def measure_matmul_tflops(
 
     ``n`` defaults to 8192 on a GPU and 512 on the CPU, large enough to be compute bound.
     """
-    if precision not in _DTYPES:
-        raise ValueError(f"unknown precision {precision!r}: use one of {sorted(_DTYPES)}")
+    if precision not in DTYPES:
+        raise ValueError(f"unknown precision {precision!r}: use one of {sorted(DTYPES)}")
     device = dev.get_device(None if device is None else str(device))
     n = n or (8192 if device.type == "cuda" else 512)
-    dtype = _DTYPES[precision]
+    dtype = DTYPES[precision]
     if device.type == "cpu" and dtype == torch.float16:
         dtype = torch.float32 if not _cpu_supports(torch.float16) else dtype
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -80,7 +79,7 @@ def measure_copy_tbs(
 
 
 def measure_ceilings(
-    device: torch.device | str | None = None, precisions: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16"),
+    device: torch.device | str | None = None, precisions: tuple[str, ...] = PRECISIONS,
     matmul_size: int | None = None, copy_bytes: int | None = None,
 ) -> dict[str, Ceiling]:
     """Matmul ceilings for each precision and the copy bandwidth, keyed ``"matmul_bf16"``, ``"copy"``."""

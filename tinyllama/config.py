@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -111,3 +112,17 @@ def make_config(preset: str = "tiny", **overrides: int | float | None) -> ModelC
     if unknown:
         raise ValueError(f"unknown model settings {sorted(unknown)}: choose from {sorted(config.to_dict())}")
     return replace(config, **changes)
+
+
+def resolve_config(
+    preset: str, batch_size: int | None, seq_len: int | None, **overrides: Any
+) -> tuple[ModelConfig, int, int]:
+    """The model shape, batch size and sequence length of a run: the preset's, with overrides."""
+    chosen = get_preset(preset)
+    batch_size = chosen.batch_size if batch_size is None else batch_size
+    seq_len = chosen.seq_len if seq_len is None else seq_len
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch size and sequence length must be at least 1 (got {batch_size}, {seq_len})")
+    if seq_len > chosen.model.max_seq_len and overrides.get("max_seq_len") is None:
+        overrides["max_seq_len"] = seq_len
+    return make_config(preset, **overrides), batch_size, seq_len

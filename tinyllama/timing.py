@@ -113,13 +113,8 @@ class PhaseTimer:
         return out
 
 
-def time_callable(
-    fn: Callable[[], object],
-    device: torch.device | str | None = None,
-    warmup: int = 3,
-    repeat: int = 10,
-    min_time_s: float = 0.0,
-) -> Stats:
+def time_callable(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
+                  repeat: int = 10, min_time_s: float = 0.0) -> Stats:
     """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then at least ``repeat`` timed calls (and
     more until ``min_time_s`` has passed). Returns milliseconds per call.
     """

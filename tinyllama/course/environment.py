@@ -20,6 +20,7 @@ import torch
 from tinyllama import device as dev
 from tinyllama.ceilings import Ceiling
 from tinyllama.course.profile import Profile
+from tinyllama.settings import DTYPES
 
 Status = Literal["PASS", "WARN", "FAIL"]
 GIB = 2**30
@@ -170,19 +171,18 @@ def check_profilers(backend: str | None = None) -> list[Check]:
 
 # Relative (Frobenius) error of a matmul against float64 that a healthy device stays under.
 MATMUL_TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 2e-2, "fp16": 5e-3}
-_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def matmul_relative_error(precision: str, device: torch.device, shape: tuple[int, int, int] = (200, 300, 100),
                           seed: int = 0) -> float:
     """Relative error of an ``m x k`` by ``k x n`` product on ``device`` at ``precision`` against the
     float64 product of the same (already rounded) inputs. Shapes are not powers of two on purpose."""
-    if precision not in _DTYPES:
-        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(_DTYPES)}")
+    if precision not in DTYPES:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(DTYPES)}")
     m, k, n = shape
     generator = torch.Generator().manual_seed(seed)
-    a = torch.randn(m, k, generator=generator).to(_DTYPES[precision])
-    b = torch.randn(k, n, generator=generator).to(_DTYPES[precision])
+    a = torch.randn(m, k, generator=generator).to(DTYPES[precision])
+    b = torch.randn(k, n, generator=generator).to(DTYPES[precision])
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:

@@ -31,14 +31,14 @@ except ImportError as _error:  # pragma: no cover - Triton is a dependency on Li
         "PyTorch): V1, V2 and V4 work without it"
     ) from _error
 
-from tinyllama.kernels._triton import INTERPRET, KernelMismatch, Tolerance, assert_close, relative_error
+from tinyllama.kernels._triton import INTERPRET, KernelMismatch, KernelTolerance, assert_close, max_relative_error
 from tinyllama.kernels.flash_attention import flash_attention, flash_attention_reference
 from tinyllama.kernels.rmsnorm import rmsnorm, rmsnorm_reference
 from tinyllama.kernels.rope import rope, rope_reference
 from tinyllama.kernels.swiglu import swiglu, swiglu_packed, swiglu_packed_reference, swiglu_reference
 
 __all__ = [
-    "INTERPRET", "KernelMismatch", "Tolerance", "assert_close", "relative_error",
+    "INTERPRET", "KernelMismatch", "KernelTolerance", "assert_close", "max_relative_error",
     "flash_attention", "flash_attention_reference", "rmsnorm", "rmsnorm_reference",
     "rope", "rope_reference", "swiglu", "swiglu_packed", "swiglu_packed_reference", "swiglu_reference",
 ]

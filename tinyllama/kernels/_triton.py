@@ -133,7 +133,7 @@ def multiprocessor_count(device: torch.device) -> int:
 
 
 @dataclass(frozen=True)
-class Tolerance:
+class KernelTolerance:
     """Largest allowed ``max|actual - expected| / max|expected|`` (error relative to the tensor's scale).
 
     fp32 is tight (rounding only). The 16-bit bounds leave room for rounding the inputs, the output
@@ -153,7 +153,7 @@ class KernelMismatch(AssertionError):
     """A kernel's result differs from its PyTorch reference by more than the tolerance."""
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+def max_relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """``max|actual - expected| / max|expected|`` in fp64 (0 when both are all zero)."""
     if actual.shape != expected.shape:
         raise KernelMismatch(f"shape {tuple(actual.shape)} differs from the reference's {tuple(expected.shape)}")
@@ -167,7 +167,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> float:
     """Raise ``KernelMismatch`` naming ``name`` unless ``actual`` agrees with ``expected``; returns the error."""
-    err = relative_error(actual, expected)
+    err = max_relative_error(actual, expected)
     if not err <= tolerance:
         raise KernelMismatch(f"{name}: relative error {err:.3g} exceeds {tolerance:.3g}")
     return err
@@ -178,7 +178,7 @@ def compare_with_reference(
     reference: Callable[..., torch.Tensor],
     inputs: Sequence[torch.Tensor],
     names: Sequence[str],
-    tolerance: Tolerance | None = None,
+    tolerance: KernelTolerance | None = None,
     grad_out: torch.Tensor | None = None,
     **kwargs: object,
 ) -> dict[str, float]:
@@ -189,7 +189,7 @@ def compare_with_reference(
     the relative error of each compared tensor, keyed ``"out"`` and ``"d" + name``; raises
     ``KernelMismatch`` at the first one above the tolerance of the inputs' dtype.
     """
-    tolerance = tolerance or Tolerance()
+    tolerance = tolerance or KernelTolerance()
     tol = tolerance(inputs[0].dtype)
     out = kernel(*inputs, **kwargs)
     exact = [t.detach().float().requires_grad_() for t in inputs]

@@ -35,10 +35,11 @@ import torch.nn.functional as F
 
 from tinyllama import device as dev
 from tinyllama.ceilings import measure_copy_tbs, measure_matmul_tflops
+from tinyllama.cli import progress_bar
 from tinyllama.config import ModelConfig, get_preset, make_config
 from tinyllama.kernels import flash_attention, flash_attention_reference, rmsnorm, rmsnorm_reference, rope
 from tinyllama.kernels import rope_reference, swiglu, swiglu_reference
-from tinyllama.kernels._triton import KernelMismatch, Tolerance, compare_with_reference
+from tinyllama.kernels._triton import KernelMismatch, KernelTolerance, compare_with_reference
 from tinyllama.models import v1_baseline as v1
 from tinyllama.timing import Stats, time_callable
 
@@ -302,7 +303,7 @@ def _check(case: KernelCase, device: torch.device, seed: int) -> float:
     """Largest relative error of the Triton kernel against the reference on fresh inputs (batch 1,
     so that the reference's fp32 intermediates fit); raises ``KernelMismatch``."""
     inputs = case.make_inputs(1, seed)
-    errors = compare_with_reference(case.triton, case.reference, inputs, case.names, Tolerance(), **case.kwargs)
+    errors = compare_with_reference(case.triton, case.reference, inputs, case.names, KernelTolerance(), **case.kwargs)
     return max(errors.values())
 
 
@@ -340,7 +341,7 @@ def run_kernel_bench(
 
     todo = [(k, d, s) for k in kernels for d in dtypes for s in seq_lens]
     rows: list[dict[str, Any]] = []
-    for kernel, dtype_name, seq in _progress(todo, progress):
+    for kernel, dtype_name, seq in progress_bar(todo, "kernel bench" if progress else None):
         base = {"kernel": kernel, "dtype": dtype_name, "batch": batch, "seq_len": seq, **stamp}
         try:
             case = _CASES[kernel](config, batch, seq, DTYPES[dtype_name], device)
@@ -404,14 +405,6 @@ def _add_speedups(frame: Any) -> Any:
         frame.loc[group.index, "speedup"] = impls[baseline] / group["time_ms"]
         frame.loc[group.index, "baseline"] = baseline
     return frame
-
-
-def _progress(items: list, enabled: bool):
-    if not enabled:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc="kernel bench", leave=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -501,11 +494,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(to_markdown(targets))
     if args.json:
-        from tinyllama.records import append_json_records
+        from tinyllama.records import append_json
 
         records = [{k: v for k, v in r.items() if not (isinstance(v, float) and math.isnan(v))}
                    for r in frame.to_dict(orient="records")]
-        print(f"appended {len(records)} rows to {append_json_records(args.json, records)}")
+        print(f"appended {len(records)} rows to {append_json(args.json, records)}")
     return 0
 
 

@@ -11,6 +11,7 @@ Later versions subclass these modules and replace only what they speed up.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +144,18 @@ class TinyLlama(nn.Module):
 
     version = "v1"
     block_class: type[nn.Module] = Block
+    # The contract every harness reads (tinyllama.bench, tinyllama.compare); each version declares
+    # its own values, these are the defaults.
+    switch_names: ClassVar[tuple[str, ...]] = ()  # the keyword switches of __init__, for build(**switches)
+    preferred_precision: ClassVar[str] = "fp32"  # the precision of a run spec that names none
+    fused_optimizer: ClassVar[bool] = False  # the training step may use fused AdamW (on a GPU)
+    compiled: bool = False  # the blocks run through torch.compile
+    own_cuda_graphs: bool = False  # compiled in a mode that replays CUDA graphs of its own
+
+    def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
+        """Parameters that are V1 weights stacked along the output dimension (``tinyllama.models.weights``):
+        none in V1."""
+        return {}
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -28,10 +28,8 @@ from torch import nn
 
 from tinyllama.config import ModelConfig
 from tinyllama.models import v1_baseline as v1
+from tinyllama.settings import COMPILE_MODES, CUDA_GRAPH_MODES
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# The modes that replay each compiled block as a CUDA (HIP) graph: one launch instead of dozens.
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 # enable_gqa (torch >= 2.5) lets SDPA read each key/value head for its whole group of query heads
 # instead of copying it. Only the flash kernel implements it: for fp32 on a GPU (no flash kernel)
@@ -150,6 +148,7 @@ class TinyLlama(v1.TinyLlama):
     """TinyLLaMA with fused projections; every optimization can be switched off (see module doc)."""
 
     version = "v2"
+    switch_names = ("fuse_qkv", "fuse_gate_up", "sdpa", "compile", "compile_mode")
 
     def __init__(self, config: ModelConfig, *, fuse_qkv: bool = True, fuse_gate_up: bool = True,
                  sdpa: bool = False, compile: bool = False, compile_mode: str = "default") -> None:
@@ -172,6 +171,14 @@ class TinyLlama(v1.TinyLlama):
             # next one reads. Consequence: a model's outputs are valid until its next forward.
             torch.compiler.cudagraph_mark_step_begin()
         return super().forward(input_ids)
+
+    @property
+    def compiled(self) -> bool:
+        return self.switches.compile
+
+    @property
+    def own_cuda_graphs(self) -> bool:
+        return self.switches.compile and self.switches.compile_mode in CUDA_GRAPH_MODES
 
     def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
         """Which parameters are V1 weights stacked along the output dimension, and in what order."""

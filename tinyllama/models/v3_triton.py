@@ -110,6 +110,7 @@ class TinyLlama(v1.TinyLlama):
     exercise's broken variants (see the module docstring)."""
 
     version = "v3"
+    switch_names = ("stage",)
     block_class = Block
     fused_optimizer = True  # the training step may update all parameters with one fused AdamW kernel
 

@@ -22,6 +22,7 @@ class TinyLlama(v2.TinyLlama):
     """V2 with fused projections, SDPA and ``torch.compile``; trains in bf16 with fused AdamW."""
 
     version = "v4"
+    switch_names = ("compile", "compile_mode")
     preferred_precision = "bf16"
     fused_optimizer = True
 

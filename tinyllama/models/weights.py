@@ -2,7 +2,7 @@
 
 V1's parameter names are canonical. A faster version may fuse several V1 projections into one
 (V2's ``qkv_proj`` is ``q_proj``, ``k_proj`` and ``v_proj`` stacked along the output dimension). Such
-a version says so with a ``fused_weights()`` method::
+a version says so in its ``fused_weights()`` method (V1's returns none)::
 
     {"attn.qkv_proj.weight": [("attn.q_proj.weight", 1024), ("attn.k_proj.weight", 512), ...]}
 
@@ -21,11 +21,6 @@ FusedSpec = dict[str, list[tuple[str, int]]]
 def unwrap(model: nn.Module) -> nn.Module:
     """The eager module inside a ``torch.compile`` wrapper (whose names carry an "_orig_mod." prefix)."""
     return getattr(model, "_orig_mod", model)
-
-
-def _fused_spec(model: nn.Module) -> FusedSpec:
-    fused = getattr(model, "fused_weights", None)
-    return fused() if callable(fused) else {}
 
 
 def _split_fused(
@@ -51,20 +46,20 @@ def _split_fused(
 def canonical_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """``model``'s parameters under V1's names, with fused weights split into their parts."""
     model = unwrap(model)
-    return _split_fused(dict(model.state_dict()), _fused_spec(model))  # type: ignore[return-value]
+    return _split_fused(dict(model.state_dict()), model.fused_weights())  # type: ignore[return-value]
 
 
 def canonical_gradients(model: nn.Module) -> dict[str, torch.Tensor | None]:
     """Each parameter's gradient under V1's name (``None`` where it has none), fused gradients split
     into their parts, so that gradients of any two versions can be compared name by name."""
     model = unwrap(model)
-    return _split_fused({n: p.grad for n, p in model.named_parameters()}, _fused_spec(model))
+    return _split_fused({n: p.grad for n, p in model.named_parameters()}, model.fused_weights())
 
 
 def from_canonical(model: nn.Module, canonical: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict for ``model`` built from canonical (V1-named) tensors."""
     model = unwrap(model)
-    spec = _fused_spec(model)
+    spec = model.fused_weights()
     out: dict[str, torch.Tensor] = {}
     for name in model.state_dict():
         suffix = next((s for s in spec if name.endswith(s)), None)

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from tinyllama.profiling.flops import cpu_attention_formulas
-from tinyllama.profiling.torch_profiler import PHASES, ProfileRun, _is_device, categorize, is_fused_kernel, row_kind
+from tinyllama.profiling.torch_profiler import PHASES, ProfileRun, categorize, is_device_event, is_fused_kernel, row_kind
 
 
 # FLOPs per element for operators that are neither tagged pointwise nor counted by flop_counter.
@@ -273,7 +273,7 @@ def attribute(work: pd.DataFrame, run: ProfileRun) -> pd.DataFrame:
     average = {r.operator: (r.flops / r.calls, r.bytes / r.calls) if r.calls else (0.0, 0.0)
                for r in work.itertuples(index=False)}
 
-    events = [e for e in run.profiler.events() if not _is_device(e)]
+    events = [e for e in run.profiler.events() if not is_device_event(e)]
     calls: Counter = Counter()  # (operator, signature) -> timed calls whose work was counted
     for event in events:
         if _is_operator(event) and event.name in counted and _owner(event, counted) is event:

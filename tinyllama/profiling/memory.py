@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from tinyllama import device as dev
+from tinyllama.profiling.torch_profiler import activities
 
 MIB = 2**20
 
@@ -153,14 +154,13 @@ def memory_timeline(step_fn: Callable[[], Any], *, device: torch.device | str | 
 
     Works on CPU and GPU; raises ``RuntimeError`` where this PyTorch lacks ``export_memory_timeline``.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
 
     device = dev.get_device(None if device is None else str(device))
     for _ in range(warmup):
         step_fn()
     dev.synchronize(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, record_shapes=True, profile_memory=True, with_stack=True) as prof:
+    with profile(activities=activities(device), record_shapes=True, profile_memory=True, with_stack=True) as prof:
         step_fn()
         dev.synchronize(device)
     if not hasattr(prof, "export_memory_timeline"):

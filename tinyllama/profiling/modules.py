@@ -31,7 +31,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from tinyllama import device as dev
-from tinyllama.profiling.torch_profiler import PHASES, ProfileRun, row_kind
+from tinyllama.profiling.torch_profiler import PHASES, ProfileRun, is_device_event, row_kind
 
 RANGE_PREFIX = "## module "
 OUTSIDE = ""  # the module of work that ran outside every module range (the loss, the optimizer)
@@ -67,10 +67,6 @@ def module_ranges(model: nn.Module, prefix: str = RANGE_PREFIX) -> Iterator[list
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _is_device(event: Any) -> bool:
-    return not str(getattr(event, "device_type", "CPU")).endswith("CPU")
 
 
 def _ancestors(event: Any) -> Iterator[Any]:
@@ -121,7 +117,7 @@ def module_operator_times(run: ProfileRun, prefix: str = RANGE_PREFIX) -> pd.Dat
     (the innermost module path, ``""`` outside every module), ``phase`` (forward, backward, optimizer,
     outside phases), ``calls_per_step``, ``time_ms`` (self CPU time on a CPU, device time of the
     launched kernels on a GPU), ``flops`` (the profiler's estimate; 0 where it has none). Sorted by time."""
-    events = [e for e in run.profiler.events() if not _is_device(e)]
+    events = [e for e in run.profiler.events() if not is_device_event(e)]
     # Forward operators that created an autograd node recorded its sequence number: map it to a module.
     forward_module: dict[tuple[int, int], str] = {}
     for event in events:

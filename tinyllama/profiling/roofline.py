@@ -30,7 +30,7 @@ from tinyllama import device as dev
 from tinyllama.profiling.attribution import UNATTRIBUTED, attribute, count_operator_work  # noqa: F401 (re-exported)
 from tinyllama.profiling.torch_profiler import ProfileRun, categorize, profile_steps
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+from tinyllama.settings import PRECISIONS  # the one definition, shared by every harness
 
 # --------------------------------------------------------------------------------------------------
 # Roofs

@@ -12,7 +12,7 @@ trace that Perfetto (https://ui.perfetto.dev), ``chrome://tracing`` and TensorBo
 - ``breakdown()``: time per phase (forward, backward, optimizer) and category (GEMM, attention,
   element-wise, ...), from each operator's place in the call tree.
 
-``tinyllama.bench.TrainingStep`` marks forward, backward and optimizer with
+``tinyllama.training.TrainingStep`` marks forward, backward and optimizer with
 ``tinyllama.device.annotate``: they appear as ranges here and as NVTX/ROCTX ranges in nsys and rocprofv3.
 """
 
@@ -30,8 +30,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from tinyllama import device as dev
 from tinyllama.profiling.vendor import KERNEL_COLUMNS
-
-PHASES = ("forward", "backward", "optimizer")
+from tinyllama.training import PHASES
 
 # --------------------------------------------------------------------------------------------------
 # What kind of work an operator or a kernel is
@@ -110,7 +109,13 @@ def row_kind(name: str, is_annotation: bool = False) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _attr(event: Any, *names: str, default: float = 0.0) -> float:
+def activities(device: torch.device) -> list[ProfilerActivity]:
+    """What the profiler records on ``device``: the host, and the GPU's kernels where there is one
+    (the CUDA activity records HIP kernels on ROCm builds)."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
+def event_time(event: Any, *names: str, default: float = 0.0) -> float:
     """The first of ``names`` that ``event`` has (torch renamed cuda_* to device_* in 2.4)."""
     for name in names:
         value = getattr(event, name, None)
@@ -119,7 +124,8 @@ def _attr(event: Any, *names: str, default: float = 0.0) -> float:
     return default
 
 
-def _is_device(event: Any) -> bool:
+def is_device_event(event: Any) -> bool:
+    """Whether a profiler event ran on the device (a kernel, a copy) rather than the host."""
     return not str(getattr(event, "device_type", "CPU")).endswith("CPU")
 
 
@@ -190,18 +196,18 @@ class ProfileRun:
         """
         rows = []
         for e in self.profiler.key_averages(group_by_input_shape=group_by_input_shape):
-            if _is_device(e):
+            if is_device_event(e):
                 continue
             kind = row_kind(e.key, bool(getattr(e, "is_user_annotation", False)))
             row = {
                 "name": e.key, "kind": kind, "category": categorize(e.key) if kind == "operator" else "",
                 "calls_per_step": e.count / self.steps,
-                "self_cpu_ms": _attr(e, "self_cpu_time_total") / 1e3 / self.steps,
-                "cpu_total_ms": _attr(e, "cpu_time_total") / 1e3 / self.steps,
-                "self_device_ms": _attr(e, "self_device_time_total", "self_cuda_time_total") / 1e3 / self.steps,
-                "device_total_ms": _attr(e, "device_time_total", "cuda_time_total") / 1e3 / self.steps,
-                "self_cpu_memory_mib": _attr(e, "self_cpu_memory_usage") / 2**20 / self.steps,
-                "self_device_memory_mib": _attr(e, "self_device_memory_usage", "self_cuda_memory_usage") / 2**20 / self.steps,
+                "self_cpu_ms": event_time(e, "self_cpu_time_total") / 1e3 / self.steps,
+                "cpu_total_ms": event_time(e, "cpu_time_total") / 1e3 / self.steps,
+                "self_device_ms": event_time(e, "self_device_time_total", "self_cuda_time_total") / 1e3 / self.steps,
+                "device_total_ms": event_time(e, "device_time_total", "cuda_time_total") / 1e3 / self.steps,
+                "self_cpu_memory_mib": event_time(e, "self_cpu_memory_usage") / 2**20 / self.steps,
+                "self_device_memory_mib": event_time(e, "self_device_memory_usage", "self_cuda_memory_usage") / 2**20 / self.steps,
             }
             if group_by_input_shape:
                 row["input_shapes"] = str(getattr(e, "input_shapes", ""))
@@ -223,12 +229,12 @@ class ProfileRun:
         """Device kernels (and copies) with their total time over the active steps, in the columns of
         ``tinyllama.profiling.vendor.KERNEL_COLUMNS``. Empty on a CPU."""
         annotations = {e.key for e in self.profiler.key_averages()
-                       if not _is_device(e) and row_kind(e.key, bool(getattr(e, "is_user_annotation", False))) == "annotation"}
+                       if not is_device_event(e) and row_kind(e.key, bool(getattr(e, "is_user_annotation", False))) == "annotation"}
         rows = []
         for e in self.profiler.key_averages():
-            if not _is_device(e) or (e.key in annotations and not is_fused_kernel(e.key)) or e.key.startswith("ProfilerStep#"):
+            if not is_device_event(e) or (e.key in annotations and not is_fused_kernel(e.key)) or e.key.startswith("ProfilerStep#"):
                 continue
-            total_ns = _attr(e, "self_device_time_total", "self_cuda_time_total") * 1e3
+            total_ns = event_time(e, "self_device_time_total", "self_cuda_time_total") * 1e3
             rows.append({"kernel": e.key, "calls": e.count, "total_ns": total_ns, "mean_ns": total_ns / max(e.count, 1),
                          "min_ns": float("nan"), "max_ns": float("nan")})
         frame = pd.DataFrame(rows, columns=list(KERNEL_COLUMNS[:-1]))
@@ -242,7 +248,7 @@ class ProfileRun:
         (from the kernel name), ``launched_in`` (the range around the launch) and ``time_ms`` per step."""
         rows: dict[tuple[str, str], float] = {}
         for event in self.profiler.events():
-            if _is_device(event) or row_kind(event.name) == "operator":
+            if is_device_event(event) or row_kind(event.name) == "operator":
                 continue
             for kernel in _launched_kernels(event):
                 key = (kernel.name, event.name)
@@ -279,12 +285,12 @@ class ProfileRun:
 
         linked_us = 0.0
         for event in self.profiler.events():
-            if _is_device(event):
+            if is_device_event(event):
                 continue
             operator = row_kind(event.name) == "operator"
             if not self.on_device:
-                if operator and _attr(event, "self_cpu_time_total") > 0:
-                    add(_phase_of(event), categorize(event.name), _attr(event, "self_cpu_time_total"))
+                if operator and event_time(event, "self_cpu_time_total") > 0:
+                    add(_phase_of(event), categorize(event.name), event_time(event, "self_cpu_time_total"))
                 continue
             for kernel in _launched_kernels(event):
                 linked_us += kernel.duration
@@ -350,9 +356,6 @@ def profile_steps(
     if active < 1 or wait < 0 or warmup < 0:
         raise ValueError(f"need active >= 1 and wait, warmup >= 0 (got wait={wait}, warmup={warmup}, active={active})")
     device = dev.get_device(None if device is None else str(device))
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)  # the HIP activity on ROCm builds
     folder = Path(trace_dir) if trace_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -370,7 +373,7 @@ def profile_steps(
             prof.export_chrome_trace(str(path))
             written.append(path)
 
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+    with profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                  record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
                  on_trace_ready=on_trace_ready) as prof:
         for _ in range(wait + warmup + active):

@@ -1,21 +1,15 @@
-"""gpu/profiling_gpu.py's ncu path, run against a stand-in ncu that writes a sample in ncu's format."""
+"""ncu on a training step (``tinyllama.profiling.ncu_step``, used by gpu/profiling_gpu.py), run
+against a stand-in ncu that writes a sample in ncu's format."""
 
-import importlib.util
 import stat
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tinyllama.profiling.ncu_step import KNOWN_GEMM, profile_step_with_ncu
+
 DATA = Path(__file__).parent / "data"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("profiling_gpu", ROOT / "gpu" / "profiling_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _fake_ncu(folder: Path, body: str) -> None:
@@ -26,7 +20,6 @@ def _fake_ncu(folder: Path, body: str) -> None:
 
 
 def test_ncu_results_are_read_and_the_known_gemm_checked(tmp_path, monkeypatch):
-    module = _script()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # Writes the sample where --log-file points; fails like an old ncu when asked for tensor counters.
@@ -38,22 +31,19 @@ assert '--profile-from-start' in args and args[args.index('--launch-count') + 1]
 shutil.copy({str(DATA / 'ncu_details.csv')!r}, args[args.index('--log-file') + 1])
 """)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    args = module.argparse.Namespace(preset="ci", precision="bf16", ncu_launch_count=7)
     out = tmp_path / "out"
     out.mkdir()
-    result = module.run_ncu(args, "v1", out, timeout_s=60)
+    result = profile_step_with_ncu("v1", "ci", "bf16", 7, out, timeout_s=60)
     assert "Failed to find metric" in result["tensor_counters_error"]  # first try, with tensor counters
     assert (out / "ncu_v1.csv").exists() and result["kernels_profiled"] == 3
     gemm = result["known_gemm"]
     assert gemm["counted_flops"] == 2 * 2048**3 + 2 * 4_194_304  # the sample's GEMM is 2048^3
-    assert gemm["ratio"] == pytest.approx((2 * 2048**3 + 2 * 4_194_304) / (2 * module.KNOWN_GEMM**3))
+    assert gemm["ratio"] == pytest.approx((2 * 2048**3 + 2 * 4_194_304) / (2 * KNOWN_GEMM**3))
     assert len(result["points"]) == 2  # the step's kernels, after the GEMM
 
 
 def test_a_failing_ncu_is_reported_with_its_message(tmp_path, monkeypatch):
-    module = _script()
     _fake_ncu(tmp_path, "print('==ERROR== ERR_NVGPUCTRPERM - The user does not have permission'); sys.exit(1)")
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    args = module.argparse.Namespace(preset="ci", precision="bf16", ncu_launch_count=5)
     with pytest.raises(RuntimeError, match="ERR_NVGPUCTRPERM"):
-        module.run_ncu(args, "v1", tmp_path, timeout_s=60)
+        profile_step_with_ncu("v1", "ci", "bf16", 5, tmp_path, timeout_s=60)
