@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from inference.benchmark import BenchmarkResult, OutOfMemoryError, run_benchmark
 from inference.config import BenchmarkConfig, ConfigError
+from tinyllama.anatomy import BatchSearch, largest_batch
 
 Runner = Callable[[BenchmarkConfig], BenchmarkResult]
 
@@ -83,77 +84,45 @@ def sweep_batch_sizes(config: BenchmarkConfig, batch_sizes: Iterable[int], runne
 
 
 @dataclass
-class MaxBatchResult:
-    """The largest batch that ran, the smallest that did not, and every probe on the way."""
+class MaxBatchResult(BatchSearch):
+    """:class:`tinyllama.anatomy.BatchSearch` of a network, with the full benchmark at the largest
+    batch that fits (``result``; ``None`` when even that run ran out of memory)."""
 
-    max_batch_size: int | None
-    first_failing: int | None
-    limit: int
-    probes: list[tuple[int, str]] = field(default_factory=list)
     result: BenchmarkResult | None = None
 
-    def describe(self) -> str:
-        probes = ", ".join(f"{b}: {s}" for b, s in self.probes)
-        if self.max_batch_size is None:
-            return f"even batch {self.probes[0][0] if self.probes else '?'} does not fit (probes: {probes})"
-        bound = (f"batch {self.first_failing} runs out of memory" if self.first_failing is not None
-                 else f"no out-of-memory before the next doubling passed the limit {self.limit}")
-        return f"largest batch that fits: {self.max_batch_size} ({bound}; probes: {probes})"
+    @property
+    def max_batch_size(self) -> int | None:
+        """The largest batch that fits (``None``: not even the first probe)."""
+        return self.largest
 
 
 def find_max_batch_size(config: BenchmarkConfig, start: int | None = None, limit: int = 8192,
                         runner: Runner = run_benchmark) -> MaxBatchResult:
     """Double the batch from ``start`` (default: ``config.batch_size``) until it runs out of memory or
-    passes ``limit``, then bisect between the last size that fit and the first that did not. Each
-    probe is a short run (1 warm-up, 2 timed iterations, no check); the largest size that fits is then
-    benchmarked with ``config``'s own settings."""
+    passes ``limit``, then bisect between the last size that fit and the first that did not
+    (:func:`tinyllama.anatomy.largest_batch`). Each probe is a short run (1 warm-up, 2 timed
+    iterations, no check); the largest size that fits is then benchmarked with ``config``'s own settings."""
     size = start or config.batch_size
     if size < 1 or limit < size:
         raise ConfigError(f"the search needs 1 <= start <= limit (got start {size}, limit {limit})")
     probe_config = config.replace(warmup=1, iterations=2, check=False, progress=False, kineto=False,
                                   autograd_profiler=False, flops_prof_step=None)
-    probes: list[tuple[int, str]] = []
-
-    def fits(batch: int) -> bool:
-        try:
-            runner(probe_config.replace(batch_size=batch))
-        except OutOfMemoryError:
-            probes.append((batch, "out of memory"))
-            return False
-        probes.append((batch, "fits"))
-        return True
-
-    good: int | None = None
-    bad: int | None = None
     with tqdm(desc="max batch search", disable=not config.progress) as bar:
-        while size <= limit:
+        def fits(batch: int) -> bool:
             bar.update()
-            if fits(size):
-                good = size
-                size *= 2
-            else:
-                bad = size
-                break
-        if good is None and bad is not None:
-            # Even the start does not fit: search below it.
-            low, high = 0, bad
-        else:
-            low, high = good or 0, bad
-        if high is not None:
-            while high - low > 1:
-                bar.update()
-                middle = (low + high) // 2
-                if fits(middle):
-                    low = middle
-                else:
-                    high = middle
-            good, bad = (low or None), high
-    found = MaxBatchResult(good, bad, limit, probes)
-    if good is not None:
+            try:
+                runner(probe_config.replace(batch_size=batch))
+            except OutOfMemoryError:
+                return False
+            return True
+
+        search = largest_batch(fits, start=size, limit=limit, resolution=0.0)
+    found = MaxBatchResult(search.largest, search.first_failing, limit, search.probes)
+    if found.largest is not None:
         try:  # the full run keeps a reference copy for its check, so it can need a little more
-            found.result = runner(config.replace(batch_size=good, progress=False))
+            found.result = runner(config.replace(batch_size=found.largest, progress=False))
         except OutOfMemoryError as error:
-            probes.append((good, f"full run: {str(error).split(':')[0]}"))
+            found.probes.append((found.largest, f"full run: {str(error).split(':')[0]}"))
     return found
 
 

@@ -103,10 +103,11 @@ class BatchSearch:
     largest: int | None
     first_failing: int | None
     limit: int
-    probes: list[tuple[int, bool]] = field(default_factory=list)
+    probes: list[tuple[int, str]] = field(default_factory=list)  # (batch, "fits" or "out of memory")
 
     def describe(self) -> str:
-        probes = ", ".join(f"{b}: {'fits' if ok else 'out of memory'}" for b, ok in self.probes)
+        """One line: the largest batch that fits, what bounds it, and every probe."""
+        probes = ", ".join(f"{b}: {status}" for b, status in self.probes)
         if self.largest is None:
             return f"not even batch {self.probes[0][0]} fits (probes: {probes})"
         bound = (f"batch {self.first_failing} does not" if self.first_failing is not None
@@ -124,11 +125,11 @@ def largest_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 4096
     """
     if not 1 <= start <= limit:
         raise ValueError(f"the search needs 1 <= start <= limit (got start {start}, limit {limit})")
-    probes: list[tuple[int, bool]] = []
+    probes: list[tuple[int, str]] = []
 
     def probe(batch: int) -> bool:
         ok = bool(fits(batch))
-        probes.append((batch, ok))
+        probes.append((batch, "fits" if ok else "out of memory"))
         return ok
 
     good, bad, batch = 0, None, start

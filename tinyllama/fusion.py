@@ -1,11 +1,8 @@
 """Reading a comparison of V2's fusions (notebook 12): each fusion against its unfused control, the
 host's share of an eager step, and the checks of the notebook's exercises.
 
-- :func:`fusion_label` / :func:`fusion_runs`: the run specs of ``tinyllama.compare`` for V2 with no
-  fusion (the control), the QKV fusion, the gate/up fusion and both, at a precision, with eager steps
-  or with steps replayed from CUDA graphs;
-- :func:`fusion_effects`: each fusion's step time against the control of the same precision and
-  kind of step, with a band from the p10..p90 spreads and a verdict ("faster beyond the spread", ...);
+- ``fusion_label``, ``fusion_runs``, ``fusion_effects``: from :mod:`tinyllama.comparison.fusions`
+  (the run specs of each fusion and its control; each fusion's effect against its control);
 - :func:`host_share`: the share of an eager step that the device does not account for
   (1 - GPU time / eager step time), and :data:`LAUNCH_BOUND_SHARE`, the share above which an eager
   comparison of effects of a few percent measures the host rather than the GPU;
@@ -18,83 +15,19 @@ host's share of an eager step, and the checks of the notebook's exercises.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from tinyllama import device as dev
+from tinyllama.comparison.fusions import (FUSIONS, fusion_effects, fusion_label, fusion_runs,  # noqa: F401
+                                         timed_run, verdict)
 from tinyllama.course.checkpoints import checkpoint
 from tinyllama.timing import PhaseTimer
-
-# Name -> V2's switches. "none" is the control every fusion is measured against.
-FUSIONS: dict[str, dict[str, int]] = {
-    "none": {"fuse_qkv": 0, "fuse_gate_up": 0},
-    "qkv": {"fuse_qkv": 1, "fuse_gate_up": 0},
-    "gate_up": {"fuse_qkv": 0, "fuse_gate_up": 1},
-    "both": {},  # V2's defaults: both fusions on (labelled ``v2:fp32`` as in compare's run set "fusions")
-}
 
 # An eager step whose host share is above this cannot show the fusions' effects of a few percent:
 # the difference would be the host's (Python, dispatch, launches), not the GPU's.
 LAUNCH_BOUND_SHARE = 0.05
-
-
-def fusion_label(name: str, precision: str = "fp32", graphed: bool = False) -> str:
-    """The ``tinyllama.compare`` run spec of one fusion setting, written as ``compare`` labels it,
-    e.g. ``v2[fuse_qkv=1,fuse_gate_up=0,cuda_graph=1]:bf16``."""
-    if name not in FUSIONS:
-        raise ValueError(f"unknown fusion {name!r}: choose one of {', '.join(FUSIONS)}")
-    switches = [f"{k}={v}" for k, v in FUSIONS[name].items()] + (["cuda_graph=1"] if graphed else [])
-    options = f"[{','.join(switches)}]" if switches else ""
-    return f"v2{options}:{precision}"
-
-
-def fusion_runs(precision: str = "fp32", graphed: bool = False) -> list[str]:
-    """The four V2 runs of one setting: no fusion, QKV, gate/up, both."""
-    return [fusion_label(name, precision, graphed) for name in FUSIONS]
-
-
-def _timed(record: Mapping[str, Any], label: str) -> dict[str, Any] | None:
-    row = next((r for r in record["runs"] if r["label"] == label), None)
-    return row if row is not None and row.get("check") == "passed" else None
-
-
-def verdict(control: Mapping[str, Any], run: Mapping[str, Any]) -> str:
-    """'faster'/'slower beyond the spread' when the p10..p90 ranges of the step times do not overlap."""
-    if run["step_ms_p90"] < control["step_ms_p10"]:
-        return "faster beyond the spread"
-    if run["step_ms_p10"] > control["step_ms_p90"]:
-        return "slower beyond the spread"
-    return "within the spread"
-
-
-def fusion_effects(record: Mapping[str, Any], settings: Iterable[tuple[str, bool]]) -> Any:
-    """Each fusion against the unfused V2 of the same (precision, graphed) setting, as a pandas
-    DataFrame: ``setting``, ``fusion``, ``control_ms``, ``fused_ms``, ``speedup`` (control / fused),
-    ``speedup_low``/``speedup_high`` (from the p10..p90 spreads), ``verdict``, and the GEMM launches
-    per step of both. Settings whose control was not timed are left out."""
-    import pandas as pd
-
-    rows = []
-    for precision, graphed in settings:
-        control = _timed(record, fusion_label("none", precision, graphed))
-        if control is None:
-            continue
-        for name in ("qkv", "gate_up", "both"):
-            run = _timed(record, fusion_label(name, precision, graphed))
-            if run is None:
-                continue
-            rows.append({
-                "setting": f"{precision}, {'CUDA graphs' if graphed else 'eager'}", "fusion": name,
-                "control_ms": control["step_ms_median"], "fused_ms": run["step_ms_median"],
-                "speedup": control["step_ms_median"] / run["step_ms_median"],
-                "speedup_low": control["step_ms_p10"] / run["step_ms_p90"],
-                "speedup_high": control["step_ms_p90"] / run["step_ms_p10"],
-                "verdict": verdict(control, run),
-                "gemm_ops_control": control.get("gemm_ops"), "gemm_ops_fused": run.get("gemm_ops"),
-            })
-    return pd.DataFrame(rows, columns=["setting", "fusion", "control_ms", "fused_ms", "speedup", "speedup_low",
-                                       "speedup_high", "verdict", "gemm_ops_control", "gemm_ops_fused"])
 
 
 def host_share(eager_ms: float, gpu_ms: float) -> float:
@@ -168,7 +101,7 @@ def check_gemm_prediction(predict: Callable[[int, bool, bool], tuple[int, int]],
     num_layers = int(record["config"]["num_layers"])
     lines, wrong = [], []
     for label in labels:
-        row = _timed(record, label)
+        row = timed_run(record, label)
         if row is None or row.get("gemm_ops") is None:
             lines.append(f"{label}: not counted (the run failed its check or was not profiled)")
             wrong.append(label)

@@ -111,7 +111,8 @@ def plot_comparison(source: Comparison | dict[str, Any] | Any, title: str | None
         frame = pd.DataFrame(record["runs"])
     timed = frame[frame["check"] == "passed"]
     labels = list(timed["label"])
-    fig, (ax_speed, ax_split) = plt.subplots(1, 2, figsize=(12, 0.5 * len(labels) + 2.0), layout="constrained")
+    fig, (ax_speed, ax_split) = plt.subplots(1, 2, figsize=(12, 0.5 * len(labels) + 2.0), layout="constrained",
+                                         width_ratios=(1, 1.4))
     ypos = range(len(labels))
     speedups = list(timed["speedup"])
     ax_speed.barh(ypos, speedups, color="tab:green")
@@ -130,10 +131,11 @@ def plot_comparison(source: Comparison | dict[str, Any] | Any, title: str | None
     step = timed["step_ms_median"]
     ax_split.errorbar(step, list(ypos), xerr=[step - timed["step_ms_p10"], timed["step_ms_p90"] - step],
                       fmt="|", color="black", capsize=3, label="step p10..p90")
-    ax_split.set_yticks(list(ypos), labels)
+    ax_split.set_yticks(list(ypos), [""] * len(labels))  # the same rows as the left panel: its labels serve
     ax_split.invert_yaxis()
     ax_split.set_xlabel("median time per training step (ms)")
-    ax_split.legend(loc="lower right")
+    # Below the figure, not over the bars: with many runs any corner inside the axes hides one.
+    fig.legend(*ax_split.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8)
     untimed = [r for r in frame.to_dict("records") if r["check"] != "passed"]
     subtitle = f" (not timed: {', '.join(r['label'] for r in untimed)})" if untimed else ""
     if record:

@@ -6,39 +6,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinyllama.comparison.fusions import fusion_effects as effects_frame
+from tinyllama.comparison.fusions import fusion_label, fusion_runs, timed_run  # noqa: F401 (fusion_label: gpu/compare_gpu.py)
 from tinyllama.profiling.queries import is_gemm_kernel
 
 V4 = "v4:bf16"
 V4_GRAPHS = "v4[compile_mode=reduce-overhead]:bf16"
 V4_STEP_GRAPH = "v4[cuda_graph=1]:bf16"  # the whole training step, optimizer included, in CUDA graphs
 V1 = "v1:fp32"
-FUSIONS = {  # name -> V2 switches; "none" is the control that every fusion is measured against
-    "none": "fuse_qkv=0,fuse_gate_up=0",
-    "qkv": "fuse_qkv=1,fuse_gate_up=0",
-    "gate_up": "fuse_qkv=0,fuse_gate_up=1",
-    "both": "",
-}
 
 
 # Where each fusion is measured: eager steps in fp32 and bf16, and bf16 steps replayed from CUDA graphs
 # (the eager bf16 steps are bound by Python's launches, so there a fusion also saves launch time,
 # and the host's jitter widens the spread; the graphed steps show what the fusion does on the GPU).
-FUSION_SETTINGS = (("fp32", "eager"), ("bf16", "eager"), ("bf16", "CUDA graphs"))
+FUSION_SETTINGS = (("fp32", False), ("bf16", False), ("bf16", True))
 
 
-def fusion_label(name: str, precision: str, steps: str = "eager") -> str:
-    """The run spec of V2 with fusion ``name`` at ``precision``, eager or replayed from CUDA graphs."""
-    switches = ",".join(s for s in (FUSIONS[name], "cuda_graph=1" if steps == "CUDA graphs" else "") if s)
-    return f"v2{f'[{switches}]' if switches else ''}:{precision}"
+def _steps(graphed: bool) -> str:
+    return "CUDA graphs" if graphed else "eager"
 
 
 def default_runs() -> list[str]:
     """The runs the GPU measurement compares (``gpu/compare_gpu.py``)."""
     runs = [V1]
-    for precision, steps in FUSION_SETTINGS:
-        if (precision, steps) == ("bf16", "eager"):
+    for precision, graphed in FUSION_SETTINGS:
+        if (precision, graphed) == ("bf16", False):
             runs.append("v1:bf16")
-        runs += [fusion_label(name, precision, steps) for name in FUSIONS]
+        runs += fusion_runs(precision, graphed)
     # V4 as it is, then with each compiled block replayed as a CUDA graph (compile's own), then with
     # the whole step replayed from graphs (tinyllama.bench.GraphedTrainingStep): launch overhead
     return runs + ["v2[sdpa=1]:bf16", "v2[sdpa=1,compile=1]:bf16", V4, V4_GRAPHS, V4_STEP_GRAPH]
@@ -49,49 +43,37 @@ def default_runs() -> list[str]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _row(record: dict[str, Any], label: str) -> dict[str, Any] | None:
-    row = next((r for r in record["runs"] if r["label"] == label), None)
-    return row if row is not None and row["check"] == "passed" else None
-
-
-def _beyond_spread(control: dict[str, Any], run: dict[str, Any]) -> str:
-    """'faster'/'slower' when the p10..p90 ranges of the step times do not overlap."""
-    if run["step_ms_p90"] < control["step_ms_p10"]:
-        return "faster beyond the spread"
-    if run["step_ms_p10"] > control["step_ms_p90"]:
-        return "slower beyond the spread"
-    return "within the spread"
+def _count(value: Any) -> str:
+    return "None" if value is None or value != value else str(int(value))  # None or NaN: not counted
 
 
 def fusion_effects(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Each fusion against the unfused V2 of the same precision and kind of step: step time and GEMM
-    launches."""
+    launches, as rows for the GPU measurement's table (:func:`tinyllama.comparison.fusions.fusion_effects`
+    is the same as a DataFrame)."""
+    frame = effects_frame(record, FUSION_SETTINGS)
     rows = []
-    for precision, steps in FUSION_SETTINGS:
-        control = _row(record, fusion_label("none", precision, steps))
+    for precision, graphed in FUSION_SETTINGS:
         for name in ("qkv", "gate_up", "both"):
-            run = _row(record, fusion_label(name, precision, steps))
-            if control is None or run is None:
-                rows.append({"precision": precision, "steps": steps, "fusion": name,
-                             "verdict": "not measured (failed or missing)"})
+            match = frame[(frame["setting"] == f"{precision}, {_steps(graphed)}") & (frame["fusion"] == name)]
+            row = {"precision": precision, "steps": _steps(graphed), "fusion": name}
+            if match.empty:
+                rows.append({**row, "verdict": "not measured (failed or missing)"})
                 continue
-            rows.append({
-                "precision": precision, "steps": steps, "fusion": name,
-                "control_ms": control["step_ms_median"], "fused_ms": run["step_ms_median"],
-                "speedup": control["step_ms_median"] / run["step_ms_median"],
-                "verdict": _beyond_spread(control, run),
-                "gemm_kernels": f"{control.get('gemm_kernels')} -> {run.get('gemm_kernels')}",
-                "gemm_ops": f"{control.get('gemm_ops')} -> {run.get('gemm_ops')}",
-            })
+            e = match.iloc[0]
+            rows.append({**row, "control_ms": e["control_ms"], "fused_ms": e["fused_ms"], "speedup": e["speedup"],
+                         "verdict": e["verdict"],
+                         "gemm_kernels": f"{_count(e['gemm_kernels_control'])} -> {_count(e['gemm_kernels_fused'])}",
+                         "gemm_ops": f"{_count(e['gemm_ops_control'])} -> {_count(e['gemm_ops_fused'])}"})
     return rows
 
 
 def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's performance targets, each with the measured value and met / not met."""
-    v1, v4 = _row(record, V1), _row(record, V4)
+    v1, v4 = timed_run(record, V1), timed_run(record, V4)
     out = []
     for label, name in ((V4, "V4 bf16"), (V4_STEP_GRAPH, "V4 bf16, whole step in CUDA graphs,")):
-        run = _row(record, label)
+        run = timed_run(record, label)
         target = f"{name} step time <= 1/10 of V1 fp32's"
         if label != V4 and not any(r["label"] == label for r in record["runs"]):
             continue  # the whole-step graph run is optional (not on the CPU)
