@@ -377,7 +377,7 @@ def profile_steps(
     with warnings.catch_warnings():
         # One cycle (repeat=1) is all that is read: PyTorch's note that events are cleared between
         # cycles says nothing about this profile and only confuses a participant.
-        warnings.filterwarnings("ignore", message="Profiler clears events at the end of each cycle")
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         with profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                      record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
                      on_trace_ready=on_trace_ready) as prof:
