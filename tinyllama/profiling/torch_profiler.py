@@ -33,6 +33,10 @@ from tinyllama import device as dev
 from tinyllama.profiling.vendor import KERNEL_COLUMNS
 from tinyllama.training import PHASES
 
+# Every profile here reads one cycle: PyTorch's note (from its second profiler on) that events are
+# cleared between cycles says nothing about these profiles and only confuses a participant.
+warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+
 # --------------------------------------------------------------------------------------------------
 # What kind of work an operator or a kernel is
 # --------------------------------------------------------------------------------------------------
@@ -374,15 +378,11 @@ def profile_steps(
             prof.export_chrome_trace(str(path))
             written.append(path)
 
-    with warnings.catch_warnings():
-        # One cycle (repeat=1) is all that is read: PyTorch's note that events are cleared between
-        # cycles says nothing about this profile and only confuses a participant.
-        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-        with profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                     record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
-                     on_trace_ready=on_trace_ready) as prof:
-            for _ in range(wait + warmup + active):
-                step()
-                dev.synchronize(device)  # clean step boundaries on the timeline
-                prof.step()
+    with profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                 record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
+                 on_trace_ready=on_trace_ready) as prof:
+        for _ in range(wait + warmup + active):
+            step()
+            dev.synchronize(device)  # clean step boundaries on the timeline
+            prof.step()
     return ProfileRun(prof, device, active, written[-1] if written else None)
