@@ -173,7 +173,6 @@ def _wait_for_idle_kernel(lab, timeout: float = 60, notebook: str = NOTEBOOK) ->
 
 
 def test_environment_check_runs_to_its_verdict_in_jupyterlab(lab):
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     screenshot = lab["tmp"] / "00_environment_check.png"
@@ -184,15 +183,7 @@ def test_environment_check_runs_to_its_verdict_in_jupyterlab(lab):
             page.goto(f"{lab['url']}/lab/tree/notebooks/{NOTEBOOK}?token={lab['token']}")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             _wait_for_idle_kernel(lab)
-            page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-            # Should JupyterLab still ask which kernel to use, answer as a participant would.
-            choose = page.locator(".jp-Dialog .jp-mod-accept")
-            try:
-                choose.wait_for(timeout=2_000)
-                choose.click()
-            except PlaywrightTimeout:
-                pass
+            _run_all(page)
             verdict = page.locator(".jp-OutputArea-output", has_text="Environment verdict:").first
             verdict.wait_for(timeout=90_000)
             page.locator(".jp-OutputArea-output", has_text="Finished: deleted").first.wait_for(timeout=60_000)

@@ -18,6 +18,8 @@ from tinyllama.profiling import flops as pflops
 from tinyllama.profiling import memory, torch_profiler as tp
 from tinyllama.profiling.vendor import KERNEL_COLUMNS
 
+from fake_profiler import FakeProfiler
+
 PRESET = get_preset("ci")
 CONFIG = PRESET.model
 MIB = 2**20
@@ -294,17 +296,6 @@ class _Event:
         self.count = count
 
 
-class _Profiler:
-    def __init__(self, events, averages):
-        self._events, self._averages = events, averages
-
-    def events(self):
-        return self._events
-
-    def key_averages(self, group_by_input_shape=False):
-        return self._averages
-
-
 def test_gpu_breakdown_counts_every_kernel_once_with_its_launcher():
     forward, optimizer = _Event("forward"), _Event("optimizer")
     engine = _Event("autograd::engine::evaluate_function: MmBackward0")
@@ -326,7 +317,7 @@ def test_gpu_breakdown_counts_every_kernel_once_with_its_launcher():
         _Event("orphan_kernel", device=cuda, self_cpu=0.0, self_device=30.0),
         _Event("forward", device=cuda, self_cpu=0.0, self_device=500.0),  # gpu_user_annotation
     ]
-    run = tp.ProfileRun(_Profiler(events, averages), torch.device("cuda"), steps=1, trace_path=None)
+    run = tp.ProfileRun(FakeProfiler(events, averages), torch.device("cuda"), steps=1, trace_path=None)
     table = run.breakdown().set_index(["phase", "category"])["time_ms"] * 1e3
     assert table.to_dict() == pytest.approx({
         ("backward", tp.GEMM): 200.0, ("forward", tp.GEMM): 100.0, ("forward", tp.ELEMENTWISE): 50.0,

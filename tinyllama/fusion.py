@@ -6,8 +6,8 @@ host's share of an eager step, and the checks of the notebook's exercises.
 - :func:`host_share`: the share of an eager step that the device does not account for
   (1 - GPU time / eager step time), and :data:`LAUNCH_BOUND_SHARE`, the share above which an eager
   comparison of effects of a few percent measures the host rather than the GPU;
-- :func:`time_samples`: per-call times of a callable (milliseconds, device events on a GPU), the
-  samples that ``course.check_ratio`` compares;
+- ``time_samples`` (from :mod:`tinyllama.timing`): per-call times of a callable, the samples that
+  ``course.check_ratio`` compares;
 - :func:`check_gemm_prediction`, :func:`check_host_share`: the checks of exercises 12.2 and 12.4,
   with feedback that names the likely mistake (the function a participant writes is passed in).
 """
@@ -17,13 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
 
-from tinyllama import device as dev
 from tinyllama.comparison.fusions import (FUSIONS, fusion_effects, fusion_label, fusion_runs,  # noqa: F401
                                          timed_run, verdict)
 from tinyllama.course.checkpoints import checkpoint
-from tinyllama.timing import PhaseTimer
+from tinyllama.timing import time_samples  # noqa: F401 (notebook 12 imports it from here)
 
 # An eager step whose host share is above this cannot show the fusions' effects of a few percent:
 # the difference would be the host's (Python, dispatch, launches), not the GPU's.
@@ -36,26 +34,6 @@ def host_share(eager_ms: float, gpu_ms: float) -> float:
     if eager_ms <= 0:
         raise ValueError(f"eager step time must be positive, got {eager_ms}")
     return 1.0 - gpu_ms / eager_ms
-
-
-def time_samples(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
-                 repeat: int = 10, inner: int = 1) -> list[float]:
-    """Milliseconds per call of ``fn``, one sample per timed repetition (``inner`` calls each, averaged):
-    device events on a GPU, a monotonic clock on the CPU, after ``warmup`` untimed calls."""
-    if repeat < 1 or inner < 1:
-        raise ValueError("repeat and inner must be at least 1")
-    device = torch.device(device) if device is not None else dev.get_device()
-    for _ in range(warmup):
-        fn()
-    timer = PhaseTimer(device)
-    samples = []
-    for _ in range(repeat):
-        timer.start()
-        for _ in range(inner):
-            fn()
-        timer.mark("calls")
-        samples.append(timer.stop()["calls"] / inner)
-    return samples
 
 
 # ------------------------------------------------------------------------------------------------

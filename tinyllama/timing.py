@@ -113,13 +113,14 @@ class PhaseTimer:
         return out
 
 
-def time_callable(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
-                  repeat: int = 10, min_time_s: float = 0.0) -> Stats:
-    """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then at least ``repeat`` timed calls (and
-    more until ``min_time_s`` has passed). Returns milliseconds per call.
+def time_samples(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
+                 repeat: int = 10, inner: int = 1, min_time_s: float = 0.0) -> list[float]:
+    """Milliseconds per call of ``fn()`` on ``device``, one sample per timed repetition of ``inner``
+    calls (averaged): ``warmup`` untimed calls, then at least ``repeat`` samples (and more until
+    ``min_time_s`` has passed, at most 10,000). Device events on a GPU, a monotonic clock on the CPU.
     """
-    if repeat < 1:
-        raise ValueError("repeat must be at least 1")
+    if repeat < 1 or inner < 1:
+        raise ValueError("repeat and inner must be at least 1")
     device = torch.device(device) if device is not None else dev.get_device()
     for _ in range(warmup):
         fn()
@@ -128,9 +129,16 @@ def time_callable(fn: Callable[[], object], device: torch.device | str | None = 
     began = time.perf_counter()
     while len(samples) < repeat or time.perf_counter() - began < min_time_s:
         timer.start()
-        fn()
-        timer.mark("call")
-        samples.append(timer.stop()["call"])
+        for _ in range(inner):
+            fn()
+        timer.mark("calls")
+        samples.append(timer.stop()["calls"] / inner)
         if len(samples) >= 10_000:
             break
-    return summarize(samples)
+    return samples
+
+
+def time_callable(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
+                  repeat: int = 10, min_time_s: float = 0.0) -> Stats:
+    """:func:`time_samples` of ``fn()`` (one call a sample), summarised: milliseconds per call."""
+    return summarize(time_samples(fn, device, warmup, repeat, min_time_s=min_time_s))
