@@ -145,10 +145,14 @@ def _saved_outputs(path: Path, last: str, timeout: float = 60) -> str:
         time.sleep(1)
 
 
-def _run_all(page) -> None:
-    """Run > Run All Cells, answering a kernel question as a participant would."""
+def _open_and_run_all(page, lab, notebook: str) -> None:
+    """Open the participant's ``notebook``, wait for its kernel, then Run > Run All Cells, answering a
+    kernel question as a participant would."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    page.goto(f"{lab['url']}/lab/tree/notebooks/{notebook}?token={lab['token']}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    _wait_for_idle_kernel(lab, notebook=notebook)
     page.locator(".lm-MenuBar-item", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
     choose = page.locator(".jp-Dialog .jp-mod-accept")
@@ -180,10 +184,7 @@ def test_environment_check_runs_to_its_verdict_in_jupyterlab(lab):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{lab['url']}/lab/tree/notebooks/{NOTEBOOK}?token={lab['token']}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            _wait_for_idle_kernel(lab)
-            _run_all(page)
+            _open_and_run_all(page, lab, NOTEBOOK)
             verdict = page.locator(".jp-OutputArea-output", has_text="Environment verdict:").first
             verdict.wait_for(timeout=90_000)
             page.locator(".jp-OutputArea-output", has_text="Finished: deleted").first.wait_for(timeout=60_000)
@@ -213,10 +214,7 @@ def test_baseline_notebook_runs_to_its_end_with_revealed_answers(lab):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{lab['url']}/lab/tree/notebooks/{BASELINE}?token={lab['token']}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            _wait_for_idle_kernel(lab, notebook=BASELINE)
-            _run_all(page)
+            _open_and_run_all(page, lab, BASELINE)
             page.locator(".jp-OutputArea-output", has_text="Reference answer of exercise 10.1").first.wait_for(
                 timeout=120_000)
             page.locator(".jp-OutputArea-output", has_text="PASS:").first.wait_for(timeout=120_000)
