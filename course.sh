@@ -31,8 +31,10 @@ setup() {
         local constraints="$VENV/keep-torch.txt"
         : > "$constraints"
         if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-            # Pin whatever torch is there, so that pip cannot swap a ROCm build for a CUDA one.
-            "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
+            # Pin whatever torch is there, so that pip cannot swap a ROCm build for a CUDA one. The pin
+            # names the public version (2.14.1, not 2.14.1+rocm6.4): the installed build satisfies it,
+            # and pip's resolver refuses a local label beside a site-wide cap such as torch<=2.14.1.
+            "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$constraints"
         fi
         "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
         "$VENV/bin/python" -m pip install -q -c "$constraints" -e ".[test]" 2>&1 | grep -v "is ignored" || true
