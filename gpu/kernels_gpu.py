@@ -11,8 +11,8 @@ rewritten to DIR/kernels_gpu.json and DIR/kernels_gpu.md after every part):
    debugging stages (stage 1's first loss, stage 2's step time), and bf16 training steps of V1,
    V3 (eager, and replayed from CUDA graphs) and V4 (as shipped, with its CUDA graphs per compiled
    block, and replayed from CUDA graphs like V3), in this one process on the same batches;
-4. the kernel benchmark: each kernel against PyTorch eager (attention also against SDPA's flash
-   backend) at the medium model's shapes, sequence lengths 512..4096, fp32 and bf16, each checked
+4. the kernel benchmark: each kernel against PyTorch eager (attention against SDPA as dispatched by
+   default, its backend named, and SDPA's flash backend), eager and graph-replayed, at the medium model's shapes, sequence lengths 512..4096, fp32 and bf16, each checked
    against its reference before it is timed, and the issue's targets judged from the numbers.
 """
 
@@ -187,11 +187,15 @@ def part_bench(report: Report, preset: str, seq_lens: list[int]) -> tuple[Any, l
     c = shape.model
     lines = [f"Shapes of the `{preset}` model: batch {shape.batch_size}, hidden {c.hidden_dim}, feed-forward "
              f"{c.intermediate_dim}, {c.num_heads} heads / {c.num_kv_heads} KV heads of {c.head_dim}. "
-             "`time_ms` is the median per call; `achieved` is bytes moved (RMSNorm, RoPE, SwiGLU) or causal "
-             "attention FLOPs per second; `ceiling_share` is its fraction of the measured copy bandwidth or "
-             "matmul rate; `speedup` is the baseline's time over this row's (SDPA flash for attention in "
-             "bf16, SDPA for fp32, eager PyTorch for the others). Every Triton row was checked against the "
-             "reference first (`check_error`: largest relative error, output and all gradients).", "",
+             "`eager_ms` is the median per call launched from Python one call after another (the headline: "
+             "what a participant sees); `gpu_ms` the same calls replayed from a CUDA graph (`launch`: graph), "
+             "the kernels' own time; `achieved` is bytes moved (RMSNorm, RoPE, SwiGLU) or causal attention "
+             "FLOPs per second in GPU time; `ceiling_share` is its fraction of the measured copy bandwidth or "
+             "matmul rate; `speedup` (eager) and `speedup_gpu` are the baseline's time over this row's: SDPA "
+             "as PyTorch dispatches it by default (`sdpa_backend` names the backend) for attention, eager "
+             "PyTorch for the others; `sdpa_flash` is SDPA forced to its flash backend. Every Triton row was "
+             "checked against the reference first (`check_error`: largest relative error, output and all "
+             "gradients).", "",
              "### Targets", "", to_markdown(targets), "", "### All measurements", "",
              to_markdown(frame, SUMMARY_COLUMNS)]
     return {"rows": _records(frame), "targets": _records(targets)}, lines

@@ -18,14 +18,17 @@ def test_rows_carry_time_throughput_and_the_check(kernel):
     frame = bench.run_kernel_bench(kernels=[kernel], **SMALL)
     assert set(frame["impl"]) == {"triton", "eager"} and set(frame["pass"]) == {"forward", "backward"}
     assert (frame["status"] == "ok").all()
-    assert (frame["time_ms"] > 0).all() and (frame["achieved"] > 0).all()
+    assert (frame["eager_ms"] > 0).all() and (frame["gpu_ms"] > 0).all() and (frame["achieved"] > 0).all()
     triton = frame[frame["impl"] == "triton"]
     assert (triton["check_error"] < 1e-5).all()
-    # achieved = bytes / time, and the share is relative to the (fake) ceiling of 1 TB/s
+    # achieved = bytes / GPU time, and the share is relative to the (fake) ceiling of 1 TB/s
     row = triton.iloc[0]
-    assert row["achieved"] == pytest.approx(row["work"] / (row["time_ms"] * 1e-3) / 1e12)
+    assert row["achieved"] == pytest.approx(row["work"] / (row["gpu_ms"] * 1e-3) / 1e12)
     assert row["ceiling_share"] == pytest.approx(row["achieved"])
     assert frame["speedup"].notna().all() and set(frame["baseline"]) == {"eager"}
+    eager = frame[frame["impl"] == "eager"].set_index("pass")
+    assert (eager["speedup"] == 1.0).all() and (eager["speedup_gpu"] == 1.0).all()
+    assert row["speedup"] == pytest.approx(eager.loc[row["pass"], "eager_ms"] / row["eager_ms"])
 
 
 def test_a_kernel_that_fails_its_check_is_not_timed(monkeypatch):
@@ -39,25 +42,33 @@ def test_a_kernel_that_fails_its_check_is_not_timed(monkeypatch):
     monkeypatch.setitem(bench._CASES, "swiglu", broken)
     frame = bench.run_kernel_bench(kernels=["swiglu"], **SMALL)
     assert len(frame) == 1
-    assert frame.iloc[0]["status"].startswith("failed check") and "time_ms" not in frame
+    assert frame.iloc[0]["status"].startswith("failed check") and "eager_ms" not in frame
 
 
-def test_attention_is_compared_with_sdpa_and_v1():
+def test_attention_is_compared_with_sdpa_as_dispatched_by_default_and_v1():
     frame = bench.run_kernel_bench(kernels=["flash_attention"], **{**SMALL, "passes": ["forward"]})
     assert {"triton", "sdpa", "eager"} <= set(frame["impl"])
     assert (frame["unit"] == "TFLOP/s").all() and (frame["status"] == "ok").all()
+    # the baseline is default SDPA, and every row names the backend it dispatched to
+    assert set(frame["baseline"]) == {"sdpa"}
+    assert frame["sdpa_backend"].notna().all() and (frame["sdpa_backend"] != "unknown").all()
 
 
 def test_targets_are_judged_from_the_rows():
+    """RMSNorm against the copy bandwidth; attention against default SDPA: GPU time from sequence 1024,
+    eager from 2048 (none below 1024)."""
+    attention = {"kernel": "flash_attention", "impl": "triton", "pass": "forward+backward", "dtype": "bf16",
+                 "status": "ok", "eager_ms": 1.0, "ceiling_share": 0.3, "baseline": "sdpa", "sdpa_backend": "cuDNN"}
     frame = pd.DataFrame([
         {"kernel": "rmsnorm", "impl": "triton", "pass": "forward", "dtype": "bf16", "seq_len": 512,
-         "status": "ok", "time_ms": 1.0, "ceiling_share": 0.75, "speedup": 2.0, "baseline": "eager"},
-        {"kernel": "flash_attention", "impl": "triton", "pass": "forward+backward", "dtype": "bf16",
-         "seq_len": 512, "status": "ok", "time_ms": 1.0, "ceiling_share": 0.3, "speedup": 0.7,
-         "baseline": "sdpa_flash"},
+         "status": "ok", "eager_ms": 1.0, "ceiling_share": 0.75, "speedup": 2.0, "baseline": "eager"},
+        {**attention, "seq_len": 512, "speedup": 0.1, "speedup_gpu": 0.1},
+        {**attention, "seq_len": 1024, "speedup": 0.5, "speedup_gpu": 0.9},
+        {**attention, "seq_len": 2048, "speedup": 0.7, "speedup_gpu": 0.85},
     ])
     targets = bench.check_targets(frame)
-    assert list(targets["met"]) == [True, False]
+    assert list(zip(targets["seq_len"], targets["met"])) == [(512, True), (1024, True), (2048, True), (2048, False)]
+    assert targets["target"].str.contains("default SDPA \\(cuDNN\\)").iloc[1:].all()
 
 
 def test_command_line_appends_json(tmp_path, capsys):
@@ -76,6 +87,19 @@ def test_bad_choices_are_refused():
         bench.main(["--kernels", "softmax"])
     with pytest.raises(ValueError, match="at least 1"):
         bench.run_kernel_bench(kernels=["swiglu"], **{**SMALL, "seq_lens": [0]})
+
+
+def test_eager_time_is_the_time_a_caller_waits_per_call():
+    """A call that spends 2 ms on the host is 2 ms a call launched eagerly, whatever its kernels take."""
+    import time
+
+    def slow(x):
+        time.sleep(0.002)
+        return x * 2
+
+    x = torch.randn(8, requires_grad=True)
+    stats = bench.time_eager(slow, [[x]], [torch.ones(8)], {}, "forward", torch.device("cpu"), repeat=3)
+    assert 2.0 <= stats.median < 4.0
 
 
 def test_a_sample_holds_about_the_target_time_in_calls():
