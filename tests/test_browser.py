@@ -29,7 +29,7 @@ from typing import Iterator
 import pytest
 from hub_user import hub_environment, join_course, make_shared_venv
 
-from tinyllama.course.jupyter_setup import KERNEL_DISPLAY_NAME, KERNEL_NAME, lab_settings_file
+from tinyllama.course.jupyter_setup import KERNEL_DISPLAY_NAME, KERNEL_NAME, write_lab_settings
 from tinyllama.course.results import checkout_root
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -67,13 +67,7 @@ def _lab_command(port: int, token: str, root: Path) -> list[str]:
 def _course_lab_settings(tmp_path: Path) -> Path:
     """A JupyterLab settings folder holding the course's settings, as set-up writes them into the
     JupyterLab it installs (and a hub's admin into the hub's): no news question over the notebook."""
-    prefix = tmp_path / "lab-prefix"
-    done = subprocess.run([sys.executable, "-m", "tinyllama.course.jupyter_setup", "lab-settings", "--prefix", str(prefix)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              p for p in (str(checkout_root()), os.environ.get("PYTHONPATH", "")) if p)})
-    assert done.returncode == 0, done.stderr
-    return lab_settings_file(prefix).parent
+    return write_lab_settings(tmp_path / "lab-prefix").parent
 
 
 @contextlib.contextmanager
