@@ -130,5 +130,5 @@ case "${1:-start}" in
         shift || true
         exec "$VENV/bin/python" -m tinyllama.course.run_solutions "$@" ;;
     *)
-        sed -n '2,14p' "$0"; exit 2 ;;
+        sed -n '2,13p' "$0"; exit 2 ;;
 esac

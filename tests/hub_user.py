@@ -42,9 +42,10 @@ def hub_environment(home: Path, venv: Path | None = None) -> dict[str, str]:
     return env
 
 
-def join_course(home: Path, venv: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+def join_course(home: Path, venv: Path | None, timeout: float = 180,
+                checkout: Path | None = None) -> subprocess.CompletedProcess:
     """What a participant runs once in a terminal of the hub: ``bash <checkout>/course.sh kernel``
-    (from their HOME, not from the checkout)."""
+    (from their HOME, not from the checkout); ``venv`` ``None``: without naming the installation."""
     home.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["bash", str(checkout_root() / "course.sh"), "kernel"], cwd=home,
+    return subprocess.run(["bash", str((checkout or checkout_root()) / "course.sh"), "kernel"], cwd=home,
                           env=hub_environment(home, venv), capture_output=True, text=True, timeout=timeout)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from hub_user import join_course, make_shared_venv
+from hub_user import hub_environment, join_course, make_shared_venv
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from tinyllama.course import jupyter_setup as js
@@ -143,3 +145,26 @@ def test_a_hub_user_without_an_installation_is_told_who_installs_it(tmp_path):
     assert done.returncode == 1
     assert "the course is not installed in" in done.stderr and "course.sh setup" in done.stderr
     assert not (tmp_path / "home" / "tinyllama-workshop").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_admins_shared_installation_is_remembered_for_the_participants(tmp_path):
+    """``WORKSHOP_VENV=... course.sh setup`` (a relative path, given from elsewhere) records the shared
+    environment in the checkout; a participant's ``course.sh kernel`` then finds it without naming it."""
+    checkout = tmp_path / "checkout"
+    (checkout / "notebooks").mkdir(parents=True)
+    for name in ("course.sh", "pyproject.toml"):
+        shutil.copy(ROOT / name, checkout / name)
+    shutil.copy(ROOT / "notebooks" / "00_environment_check.ipynb", checkout / "notebooks")
+    venv_python = make_shared_venv(tmp_path / "opt" / "venv")  # installed after pyproject.toml: up to date
+    admin = subprocess.run(["bash", str(checkout / "course.sh"), "setup"], cwd=tmp_path / "opt", capture_output=True,
+                           text=True, timeout=120, env={**hub_environment(tmp_path / "admin"), "WORKSHOP_VENV": "venv"})
+    assert admin.returncode == 0, admin.stdout + admin.stderr
+    assert (checkout / ".workshop-venv").read_text().strip() == str(tmp_path / "opt" / "venv")
+    home = tmp_path / "home"
+    done = join_course(home, None, checkout=checkout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    spec = json.loads((home / ".local/share/jupyter/kernels" / js.KERNEL_NAME / "kernel.json").read_text())
+    assert spec["argv"][0] == str(venv_python)
+    assert [p.name for p in (home / "tinyllama-workshop" / "notebooks").iterdir()] == ["00_environment_check.ipynb"]
