@@ -272,7 +272,7 @@ def _api(lab, path: str):
 def test_environment_check_runs_to_its_verdict_in_jupyterlab(lab):
     seen = _run_environment_check(lab)
     assert "READY" in seen["verdict"] and "NOT READY" not in seen["verdict"], seen
-    assert seen["tracebacks"] == 0 and seen["kernel"] == KERNEL_DISPLAY_NAME, seen
+    assert seen["tracebacks"] == 0 and seen["kernel"] == KERNEL_DISPLAY_NAME and seen["news question"] == 0, seen
     # Run All recorded the figures in the participant's own results directory.
     records = _recorded(lab)
     assert [r["notebook"] for r in records] == ["00_environment_check"]
