@@ -4,17 +4,32 @@
 #   bash course.sh start        set up (first time) and open JupyterLab on the notebooks
 #   bash course.sh test         set up (first time) and run the whole test suite, notebooks included
 #   bash course.sh instructor   run every solution notebook headless and summarise the results
-#   bash course.sh kernel       register the course's Jupyter kernel for this user (for a JupyterHub)
-#   bash course.sh setup        only set up .venv
+#   bash course.sh kernel       on a JupyterHub: register the course's kernel for this user and copy
+#                               the notebooks to ~/tinyllama-workshop/notebooks
+#   bash course.sh setup        only set up .venv (WORKSHOP_VENV=/opt/venv: a shared one, for a hub)
 #
-# Set-up makes .venv in this folder and installs the project into it. A PyTorch that is already
-# installed (an AMD node's ROCm build from `module load pytorch`, say) is reused, never replaced.
+# Set-up makes .venv in this folder (or $WORKSHOP_VENV, remembered for later calls) and installs the
+# project into it. A PyTorch that is already installed (an AMD node's ROCm build from `module load
+# pytorch`, say) is reused, never replaced.
 set -euo pipefail
+if [ -n "${WORKSHOP_VENV:-}" ]; then
+    case $WORKSHOP_VENV in /*) ;; *) WORKSHOP_VENV=$PWD/$WORKSHOP_VENV ;; esac
+fi
 cd "$(dirname "$0")"
 ROOT=$PWD
-VENV=${WORKSHOP_VENV:-$ROOT/.venv}
+# Where set-up installed when WORKSHOP_VENV named a shared environment: the participants of a hub then
+# run `course.sh kernel` from this checkout without having to know that place.
+VENV_NOTE=$ROOT/.workshop-venv
+if [ -n "${WORKSHOP_VENV:-}" ]; then
+    VENV=$WORKSHOP_VENV
+elif [ -s "$VENV_NOTE" ]; then
+    VENV=$(cat "$VENV_NOTE")
+else
+    VENV=$ROOT/.venv
+fi
 PY=${PYTHON:-python3}
-KERNEL_NAME=tinyllama-workshop
+KERNEL_NAME=tinyllama-workshop  # tinyllama.course.jupyter_setup.KERNEL_NAME, which every notebook names
+KERNEL_DISPLAY="TinyLLaMA workshop"
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
@@ -41,9 +56,34 @@ setup() {
         "$VENV/bin/python" -c "import tinyllama, inference, torch, torchvision, jupyterlab, nbval" \
             || { echo "set-up failed: see the pip messages above"; exit 1; }
         "$VENV/bin/python" -m ipykernel install --sys-prefix --name "$KERNEL_NAME" \
-            --display-name "TinyLLaMA workshop" >/dev/null
+            --display-name "$KERNEL_DISPLAY" >/dev/null
+        # JupyterLab's defaults for the course (no news question over the notebooks).
+        "$VENV/bin/python" -m tinyllama.course.jupyter_setup lab-settings >/dev/null
         touch "$stamp"
     fi
+    if [ "$VENV" != "$ROOT/.venv" ] && [ "$(cat "$VENV_NOTE" 2>/dev/null)" != "$VENV" ]; then
+        echo "$VENV" > "$VENV_NOTE" 2>/dev/null \
+            || echo "note: could not write $VENV_NOTE: give WORKSHOP_VENV=$VENV to every course.sh command"
+    fi
+}
+
+# Each participant works on a copy of the notebooks in a folder of their own: on a hub many users share
+# one checkout, and autosave must never write into it. Existing copies are kept.
+copy_notebooks() {
+    WORKSPACE=${WORKSHOP_WORKSPACE:-$HOME/tinyllama-workshop}
+    mkdir -p "$WORKSPACE/notebooks"
+    local copied=0 kept=0 notebook
+    for notebook in notebooks/*.ipynb; do
+        if [ -e "$WORKSPACE/notebooks/$(basename "$notebook")" ]; then
+            kept=$((kept + 1))
+        else
+            # Writable by their owner even where the checkout is read-only, or autosave would fail.
+            cp "$notebook" "$WORKSPACE/notebooks/" && chmod u+w "$WORKSPACE/notebooks/$(basename "$notebook")" \
+                && copied=$((copied + 1))
+        fi
+    done
+    echo "Your notebooks: $WORKSPACE/notebooks ($copied copied, $kept of yours kept as they are)"
+    echo "Your results:   ${WORKSHOP_RESULTS_DIR:-$HOME/tinyllama-workshop-results}"
 }
 
 case "${1:-start}" in
@@ -52,21 +92,31 @@ case "${1:-start}" in
     start)
         setup
         shift || true
-        # Each participant works on a copy of the notebooks in a folder of their own: on a hub many
-        # users share one checkout, and autosave must never write into it. Existing copies are kept.
-        WORKSPACE=${WORKSHOP_WORKSPACE:-$HOME/tinyllama-workshop}
-        mkdir -p "$WORKSPACE/notebooks"
-        cp -n notebooks/*.ipynb "$WORKSPACE/notebooks/" 2>/dev/null || true
-        echo "Your notebooks: $WORKSPACE/notebooks (your own copies; updates from the course never overwrite them)"
-        echo "Your results:   ${WORKSHOP_RESULTS_DIR:-$HOME/tinyllama-workshop-results}"
+        copy_notebooks
         ROOT_FLAG=()
         [ "$(id -u)" = 0 ] && ROOT_FLAG=(--allow-root)
         exec "$VENV/bin/jupyter" lab --notebook-dir "$WORKSPACE" --ServerApp.default_url=/lab/tree/notebooks \
             "${ROOT_FLAG[@]}" "$@" ;;
     kernel)
-        setup
-        "$VENV/bin/python" -m ipykernel install --user --name "$KERNEL_NAME" --display-name "TinyLLaMA workshop"
-        echo "Kernel 'TinyLLaMA workshop' registered: choose it in your JupyterHub's launcher." ;;
+        # A participant never installs into an installation that exists (on a hub the admin's, shared and
+        # not theirs to change): set-up runs only where there is none yet and this user may make one.
+        if [ ! -f "$VENV/.installed" ]; then
+            if { [ -e "$VENV" ] && [ ! -w "$VENV" ]; } || { [ ! -e "$VENV" ] && [ ! -w "$(dirname "$VENV")" ]; }; then
+                echo "error: the course is not installed in $VENV, and you cannot install it there." >&2
+                echo "On a JupyterHub the admin installs it once: WORKSHOP_VENV=/opt/tinyllama-venv bash $ROOT/course.sh setup" >&2
+                exit 1
+            fi
+            setup
+        elif [ pyproject.toml -nt "$VENV/.installed" ]; then
+            echo "note: the installation in $VENV is older than this checkout's pyproject.toml; whoever installed it runs" \
+                 "\`bash $ROOT/course.sh setup\` again to update it"
+        fi
+        "$VENV/bin/python" -m ipykernel install --user --name "$KERNEL_NAME" --display-name "$KERNEL_DISPLAY" \
+            >/dev/null
+        echo "Kernel '$KERNEL_DISPLAY' registered for $(id -un) (Python: $VENV/bin/python)."
+        copy_notebooks
+        echo "Open $WORKSPACE/notebooks/00_environment_check.ipynb in JupyterLab; it runs in '$KERNEL_DISPLAY'"
+        echo "(reload the JupyterLab page if it was open before)." ;;
     test)
         setup
         shift || true
@@ -80,5 +130,5 @@ case "${1:-start}" in
         shift || true
         exec "$VENV/bin/python" -m tinyllama.course.run_solutions "$@" ;;
     *)
-        sed -n '2,11p' "$0"; exit 2 ;;
+        sed -n '2,13p' "$0"; exit 2 ;;
 esac

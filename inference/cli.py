@@ -15,8 +15,8 @@ from typing import Sequence
 
 from inference import distributed, networks, profilers, sweep
 from inference.benchmark import BenchmarkResult, run_benchmark
-from inference.config import (COMPILE_MODES, INFERENCE_PRECISIONS, MODES, BenchmarkConfig, BenchmarkError, ConfigError,
-                              parse_compile_context)
+from inference.config import (COMPILE_MODES, INFERENCE_PRECISIONS, MODE_WORK, MODES, ORIGINAL_DEFAULT_MODE,
+                              BenchmarkConfig, BenchmarkError, ConfigError, parse_compile_context)
 from inference.results import resolve
 from tinyllama.records import append_csv, append_json
 
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--warmup", type=int, default=5, help="warm-up iterations, timed apart (default 5)")
     what.add_argument("--mode", choices=MODES, default="inference",
                       help="inference: eval + inference_mode, forward only (default); "
-                           "training: forward, loss, backward, SGD step")
+                           "training: forward, loss, backward, SGD step (the default of the original "
+                           "micro_benchmarking_pytorch.py: add --mode training to reproduce its figures)")
     what.add_argument("--input-size", type=int, default=None,
                       help="image height = width (default: the size the network is made for)")
     what.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: the GPU if any, else the CPU)")
@@ -156,6 +157,16 @@ def print_networks() -> None:
             print(f"  {spec.name:<40} {spec.input_size}")
 
 
+def header(config: BenchmarkConfig) -> str:
+    """The run's first line: the network and the mode that runs, with what that mode times; when the
+    mode is not the original micro-benchmark's default, a second line says how to reproduce that."""
+    line = f"{config.network}: mode {config.mode} ({MODE_WORK[config.mode]}), {config.precision}"
+    if config.mode == ORIGINAL_DEFAULT_MODE:
+        return line + ", the original micro_benchmarking_pytorch.py's default mode"
+    return (line + f"\nnote: the original micro_benchmarking_pytorch.py runs {ORIGINAL_DEFAULT_MODE} by default; "
+            f"add --mode {ORIGINAL_DEFAULT_MODE} to reproduce its figures")
+
+
 def _write_results(records: list[dict], args: argparse.Namespace) -> None:
     if args.csv_file:
         path = append_csv(resolve(args.csv_file, args.output_dir), records)
@@ -208,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config.replace(device=str(device), progress=config.progress and ctx.is_main)
         if (args.sweep or args.max_batch) and ctx.distributed:
             raise ConfigError("--sweep and --max-batch run in one process: start them without torchrun")
+        if ctx.is_main:
+            print(header(config), flush=True)
         if args.sweep:
             swept = sweep.sweep_batch_sizes(config, sweep.parse_batch_sizes(args.sweep))
             print(swept.table())

@@ -17,6 +17,12 @@ from tinyllama.errors import BenchmarkError
 from tinyllama.settings import COMPILE_MODES
 
 MODES = ("inference", "training")
+# What each mode times, for the run's header. The original micro_benchmarking_pytorch.py defaults to
+# training; this benchmark, made for an inference workshop, to inference: the same command line measures
+# different work in the two, so the header says which mode ran and how to reproduce the original.
+MODE_WORK = {"inference": "eval mode, torch.inference_mode, forward only",
+             "training": "forward, loss, backward and an SGD step"}
+ORIGINAL_DEFAULT_MODE = "training"
 # Not tinyllama.settings.PRECISIONS: inference casts the whole network (fp16, bf16) or autocasts (amp).
 INFERENCE_PRECISIONS = ("fp32", "fp16", "bf16", "amp")
 # Keys of torch.compile that --compileContext may set.

@@ -1,7 +1,8 @@
 """The course as a participant meets it: JupyterLab in a real (headless) browser runs notebook 00
-to its verdict and records the result in the participant's own results directory, and runs notebook
-10 to its end as a participant who is stuck on every exercise would (``course.reveal`` in place of
-each exercise cell).
+to its verdict and records the result in the participant's own results directory, as on a laptop and
+as a JupyterHub user (the course's kernel registered by ``course.sh kernel`` from a shared installation,
+the notebooks in their own folder); and runs notebook 10 to its end as a participant who is stuck on
+every exercise would (``course.reveal`` in place of each exercise cell).
 
 Needs Debian's Chromium (`apt-get install -y chromium`) and Python Playwright (`pip install
 playwright`; never `playwright install`); skipped with a message where either is missing.
@@ -9,6 +10,7 @@ playwright`; never `playwright install`); skipped with a message where either is
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -22,9 +24,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from hub_user import hub_environment, join_course, make_shared_venv
 
+from tinyllama.course.jupyter_setup import KERNEL_DISPLAY_NAME, KERNEL_NAME, write_lab_settings
 from tinyllama.course.results import checkout_root
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -59,35 +64,21 @@ def _lab_command(port: int, token: str, root: Path) -> list[str]:
             + (["--allow-root"] if os.geteuid() == 0 else []))  # CI containers run as root
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """JupyterLab on loopback, serving a copy of the participant notebooks (so that autosave never
-    touches the checkout), with Jupyter's own state and the results directory under ``tmp_path``."""
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
-    root = tmp_path / "workspace"
-    (root / "notebooks").mkdir(parents=True)
-    shutil.copy(checkout_root() / "notebooks" / NOTEBOOK, root / "notebooks" / NOTEBOOK)
-    _write_revealed(checkout_root() / "notebooks" / BASELINE, root / "notebooks" / BASELINE)
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("WORKSHOP_PROFILE", "WORKSHOP_STRICT", "WORKSHOP_RUN_ID")}
-    jupyter = tmp_path / "jupyter"
-    env.update({
-        "PYTHONPATH": os.pathsep.join(p for p in (str(checkout_root()), env.get("PYTHONPATH", "")) if p),
-        "WORKSHOP_RESULTS_DIR": str(tmp_path / "results"),
-        "JUPYTER_CONFIG_DIR": str(jupyter / "config"), "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(jupyter / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(jupyter / "workspaces"),
-        "IPYTHONDIR": str(jupyter / "ipython"),
-    })
-    # No "official Jupyter news?" question over the notebook.
-    news = jupyter / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
-    news.write_text(json.dumps({"fetchNews": "false"}))
+def _course_lab_settings(tmp_path: Path) -> Path:
+    """A JupyterLab settings folder holding the course's settings, as set-up writes them into the
+    JupyterLab it installs (and a hub's admin into the hub's): no news question over the notebook."""
+    return write_lab_settings(tmp_path / "lab-prefix").parent
+
+
+@contextlib.contextmanager
+def _jupyterlab(root: Path, env: dict[str, str], tmp_path: Path) -> Iterator[dict]:
+    """JupyterLab on loopback with a token, serving ``root``, with the course's JupyterLab settings; stopped
+    (with its kernels) on exit."""
     port, token = _free_port(), secrets.token_hex(16)
-    log = open(tmp_path / "jupyterlab.log", "w")
-    server = subprocess.Popen(_lab_command(port, token, root), env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    log_path = tmp_path / "jupyterlab.log"
+    log = open(log_path, "w")
+    command = _lab_command(port, token, root) + [f"--LabApp.app_settings_dir={_course_lab_settings(tmp_path)}"]
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -97,9 +88,9 @@ def lab(tmp_path):
                     break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()[-3000:])
+                    pytest.fail("JupyterLab did not start:\n" + log_path.read_text()[-3000:])
                 time.sleep(0.5)
-        yield {"url": url, "token": token, "results": tmp_path / "results", "tmp": tmp_path, "root": root}
+        yield {"url": url, "token": token, "tmp": tmp_path, "root": root}
     finally:
         # SIGTERM makes the server shut its kernels down; SIGKILL to its process group (the server and
         # anything it started there) only if it does not stop in time.
@@ -111,6 +102,70 @@ def lab(tmp_path):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+def _register_course_kernel(data_dir: Path) -> None:
+    """The course's kernel, running this Python, in the Jupyter data folder ``data_dir`` (as set-up registers
+    it in the environment it installs)."""
+    kernel = data_dir / "kernels" / KERNEL_NAME
+    kernel.mkdir(parents=True)
+    (kernel / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": KERNEL_DISPLAY_NAME, "language": "python"}))
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab on loopback, as ``course.sh start`` opens it on a laptop: serving a copy of the participant
+    notebooks (so that autosave never touches the checkout), with Jupyter's own state, the course's kernel
+    and the results directory under ``tmp_path``."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path / "workspace"
+    (root / "notebooks").mkdir(parents=True)
+    shutil.copy(checkout_root() / "notebooks" / NOTEBOOK, root / "notebooks" / NOTEBOOK)
+    _write_revealed(checkout_root() / "notebooks" / BASELINE, root / "notebooks" / BASELINE)
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("WORKSHOP_PROFILE", "WORKSHOP_STRICT", "WORKSHOP_RUN_ID")}
+    jupyter = tmp_path / "jupyter"
+    _register_course_kernel(jupyter / "data")
+    env.update({
+        "PYTHONPATH": os.pathsep.join(p for p in (str(checkout_root()), env.get("PYTHONPATH", "")) if p),
+        "WORKSHOP_RESULTS_DIR": str(tmp_path / "results"),
+        "JUPYTER_CONFIG_DIR": str(jupyter / "config"), "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime"),
+        "JUPYTER_DATA_DIR": str(jupyter / "data"),
+        "JUPYTERLAB_SETTINGS_DIR": str(jupyter / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(jupyter / "workspaces"),
+        "IPYTHONDIR": str(jupyter / "ipython"),
+    })
+    with _jupyterlab(root, env, tmp_path) as server:
+        yield {**server, "results": tmp_path / "results", "folder": "notebooks"}
+
+
+@pytest.fixture
+def hub_lab(tmp_path):
+    """JupyterLab as a JupyterHub user has it: the hub's JupyterLab (this Python) with the course's settings
+    from the admin, serving the user's HOME; the course installed in a shared environment of its own; the
+    user has run ``course.sh kernel``, which registered the course's kernel in their HOME and copied the
+    notebooks to ~/tinyllama-workshop/notebooks. Nothing else is set for them."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    venv = tmp_path / "shared-venv"
+    venv_python = make_shared_venv(venv)
+    home = tmp_path / "home"
+    joined = join_course(home, venv)
+    assert joined.returncode == 0, joined.stdout + joined.stderr
+    env = hub_environment(home)
+    # A hub's JupyterLab runs from an environment of its own, without the course's kernel; the JupyterLab
+    # of these tests runs from the course's environment, where set-up registered that kernel too, and
+    # Jupyter prefers an environment's kernels to the user's. Prefer the user's, as the hub's finds them.
+    env["JUPYTER_PREFER_ENV_PATH"] = "0"
+    # The checkout's code, not an older installed copy, in the kernels the server starts.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout_root()), env.get("PYTHONPATH", "")) if p)
+    with _jupyterlab(home, env, tmp_path) as server:
+        yield {**server, "results": home / "tinyllama-workshop-results", "folder": "tinyllama-workshop/notebooks",
+               "venv_python": venv_python}
 
 
 def _write_revealed(source: Path, target: Path) -> list[str]:
@@ -150,7 +205,7 @@ def _open_and_run_all(page, lab, notebook: str) -> None:
     kernel question as a participant would."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page.goto(f"{lab['url']}/lab/tree/notebooks/{notebook}?token={lab['token']}")
+    page.goto(f"{lab['url']}/lab/tree/{lab['folder']}/{notebook}?token={lab['token']}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     _wait_for_idle_kernel(lab, notebook=notebook)
     page.locator(".lm-MenuBar-item", has_text="Run").first.click()
@@ -176,7 +231,12 @@ def _wait_for_idle_kernel(lab, timeout: float = 60, notebook: str = NOTEBOOK) ->
     pytest.fail(f"the kernel of {notebook} did not become idle within {timeout:.0f} s")
 
 
-def test_environment_check_runs_to_its_verdict_in_jupyterlab(lab):
+NEWS_QUESTION = "official Jupyter news"
+
+
+def _run_environment_check(lab) -> dict:
+    """Notebook 00 run in the browser to its verdict: the verdict's text, the tracebacks shown, the kernel
+    the notebook's toolbar names, and whether JupyterLab asked its news question meanwhile."""
     from playwright.sync_api import sync_playwright
 
     screenshot = lab["tmp"] / "00_environment_check.png"
@@ -189,18 +249,54 @@ def test_environment_check_runs_to_its_verdict_in_jupyterlab(lab):
             verdict.wait_for(timeout=90_000)
             page.locator(".jp-OutputArea-output", has_text="Finished: deleted").first.wait_for(timeout=60_000)
             verdict.scroll_into_view_if_needed()
-            text = verdict.inner_text()
-            errors = page.locator(".jp-OutputArea-output", has_text="Traceback").count()
+            seen = {"verdict": verdict.inner_text(),
+                    "tracebacks": page.locator(".jp-OutputArea-output", has_text="Traceback").count(),
+                    "kernel": page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").first.inner_text().strip(),
+                    "news question": page.get_by_text(NEWS_QUESTION).count()}
         finally:
             page.screenshot(path=str(screenshot))
             browser.close()
     print(f"screenshot: {screenshot}")
-    assert "READY" in text and "NOT READY" not in text, text
-    assert errors == 0
+    return seen
+
+
+def _recorded(lab) -> list[dict]:
+    return [json.loads(line) for line in (lab["results"] / "results.jsonl").read_text().splitlines()]
+
+
+def _api(lab, path: str):
+    with urllib.request.urlopen(f"{lab['url']}{path}?token={lab['token']}", timeout=10) as response:
+        return json.load(response)
+
+
+def test_environment_check_runs_to_its_verdict_in_jupyterlab(lab):
+    seen = _run_environment_check(lab)
+    assert "READY" in seen["verdict"] and "NOT READY" not in seen["verdict"], seen
+    assert seen["tracebacks"] == 0 and seen["kernel"] == KERNEL_DISPLAY_NAME and seen["news question"] == 0, seen
     # Run All recorded the figures in the participant's own results directory.
-    records = [json.loads(line) for line in (lab["results"] / "results.jsonl").read_text().splitlines()]
+    records = _recorded(lab)
     assert [r["notebook"] for r in records] == ["00_environment_check"]
     assert records[0]["profile"] == "ci" and records[0]["figures"]["matmul_fp32_tflops"] > 0
+
+
+def test_a_hub_user_runs_the_environment_check_in_the_course_kernel(hub_lab):
+    """The hub path: the notebook opened from the user's own folder starts the course's kernel (which runs
+    the shared installation's Python, not the server's), runs to its verdict, and records in the user's
+    HOME; the course's JupyterLab settings kept the news question away."""
+    seen = _run_environment_check(hub_lab)
+    assert seen["kernel"] == KERNEL_DISPLAY_NAME, seen  # not "Python 3 (ipykernel)"
+    sessions = _api(hub_lab, "/api/sessions")
+    assert [s["kernel"]["name"] for s in sessions if s["path"].endswith(NOTEBOOK)] == [KERNEL_NAME]
+    assert sessions[0]["path"] == f"tinyllama-workshop/notebooks/{NOTEBOOK}"
+    spec = _api(hub_lab, "/api/kernelspecs")["kernelspecs"][KERNEL_NAME]["spec"]
+    assert spec["argv"][0] == str(hub_lab["venv_python"]) != sys.executable
+    assert "READY" in seen["verdict"] and "NOT READY" not in seen["verdict"], seen
+    assert seen["tracebacks"] == 0, seen
+    assert seen["news question"] == 0, seen
+    news = _api(hub_lab, "/lab/api/settings/@jupyterlab/apputils-extension:notification")
+    # The course's settings made "Never" the default; the user set nothing.
+    assert news["schema"]["properties"]["fetchNews"]["default"] == "false" and "fetchNews" not in news["settings"]
+    assert [r["notebook"] for r in _recorded(hub_lab)] == ["00_environment_check"]
 
 
 @pytest.mark.timeout(900)
@@ -224,7 +320,7 @@ def test_baseline_notebook_runs_to_its_end_with_revealed_answers(lab):
             # JupyterLab renders only the cells in view: read the outputs from the saved notebook instead.
             page.locator(".jp-Notebook").first.click()
             page.keyboard.press("Control+s")
-            text = _saved_outputs(lab["root"] / "notebooks" / BASELINE, "Finished: deleted")
+            text = _saved_outputs(lab["root"] / lab["folder"] / BASELINE, "Finished: deleted")
         finally:
             page.screenshot(path=str(screenshot))
             browser.close()

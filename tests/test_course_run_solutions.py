@@ -10,6 +10,7 @@ from tinyllama.course import profile
 from tinyllama.course import run_solutions as rs
 
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+KERNELSPEC_COURSE = {"name": "tinyllama-workshop", "display_name": "TinyLLaMA workshop", "language": "python"}
 
 RECORDING_CELL = '''\
 import os
@@ -54,15 +55,23 @@ def test_runner_executes_summarises_and_fails_on_a_failing_notebook(solutions, t
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_selected_notebook_runs_cleanly_and_can_store_its_outputs(solutions, tmp_path):
+def test_selected_notebook_runs_cleanly_and_can_store_its_outputs(solutions, tmp_path, monkeypatch, capsys):
+    # The notebook names the course's kernel, which is not registered here: it runs in python3, and says so.
+    nb = nbformat.read(solutions / "00_ok.ipynb", as_version=4)
+    nb.metadata.kernelspec = nbformat.from_dict(KERNELSPEC_COURSE)
+    nbformat.write(nb, solutions / "00_ok.ipynb")
+    monkeypatch.setattr(rs, "registered_kernels", lambda: {"python3"})
     output = tmp_path / "run"
     code = rs.main(["--solutions", str(solutions), "--output", str(output), "--profile", "ci",
                     "--notebooks", "00", "--update-solutions"])
     assert code == 0
+    assert "the Jupyter kernel 'tinyllama-workshop' is not registered here (`bash course.sh kernel` registers it): " \
+           "the notebooks run in the 'python3' kernel instead" in capsys.readouterr().out
     assert sorted(p.name for p in output.glob("*.ipynb")) == ["00_ok.ipynb"]
     stored = nbformat.read(solutions / "00_ok.ipynb", as_version=4)
     assert stored.cells[0].outputs[-1].text.endswith("\nrecorded\n")
     assert "execution" not in stored.cells[0].metadata  # no timing noise in stored solutions
+    assert stored.metadata.kernelspec == KERNELSPEC_COURSE  # the stored notebook still names its own kernel
     # Only this run's figures are summarised, although the results file may hold older records.
     assert len(pd.read_csv(output / "summary.csv")) == 3
 
@@ -74,6 +83,17 @@ def test_bad_requests_are_short_errors(solutions, capsys, monkeypatch):
     assert rs.main(["--solutions", str(solutions), "--profile", "gpu"]) == 2
     assert "PyTorch sees no GPU" in capsys.readouterr().err
     assert rs.main(["--solutions", str(solutions.parent / "nowhere")]) == 2
+    capsys.readouterr()
+    assert rs.main(["--solutions", str(solutions), "--profile", "ci", "--kernel-name", "no-such-kernel"]) == 2
+    assert "the Jupyter kernel 'no-such-kernel' is not registered: choose one of" in capsys.readouterr().err
+
+
+def test_a_missing_kernel_falls_back_to_python3_or_says_what_is_missing():
+    assert rs.choose_kernel("tinyllama-workshop", {"tinyllama-workshop", "python3"}) == ("tinyllama-workshop", "")
+    kernel, note = rs.choose_kernel("tinyllama-workshop", {"python3"})
+    assert kernel == "python3" and "`bash course.sh kernel` registers it" in note
+    with pytest.raises(ValueError, match="'julia' is not registered .*jupyter kernelspec list.*nor is 'python3'"):
+        rs.choose_kernel("julia", set())
 
 
 def test_notebooks_are_selected_by_prefix_in_course_order(solutions):

@@ -93,11 +93,25 @@ def test_command_line_appends_csv_and_json_in_the_output_dir(tmp_path, monkeypat
         assert main(flags) == 0
     printed = capsys.readouterr().out
     assert "samples/s" in printed and "training loss" in printed
+    assert printed.startswith("mobilenet_v3_small: mode training (forward, loss, backward and an SGD step), bf16, "
+                              "the original micro_benchmarking_pytorch.py's default mode\n")
     rows = list(csv.DictReader((tmp_path / "results" / "runs.csv").open()))
     records = json.loads((tmp_path / "results" / "runs.json").read_text())
     assert len(rows) == len(records) == 2
     assert {r["precision"] for r in rows} == {"bf16"} and {r["mode"] for r in records} == {"training"}
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["runs.csv", "runs.json"]
+
+
+def test_the_header_and_the_record_say_which_mode_ran(tmp_path, capsys):
+    """The default is inference, the original micro-benchmark's is training: the same command line
+    measures different work, so the first line says which mode ran and how to get the original's."""
+    assert main(["--network", "mobilenet_v3_small", "--batch-size", "1", "--iterations", "1", "--warmup", "1",
+                 "--input-size", "64", "--device", "cpu", "--quiet", "--json", str(tmp_path / "runs.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "mobilenet_v3_small: mode inference (eval mode, torch.inference_mode, forward only), fp32"
+    assert lines[1] == ("note: the original micro_benchmarking_pytorch.py runs training by default; "
+                        "add --mode training to reproduce its figures")
+    assert [r["mode"] for r in json.loads((tmp_path / "runs.json").read_text())] == ["inference"]
 
 
 def test_torchrun_with_gloo_splits_the_batch_and_reports_every_rank(tmp_path):

@@ -5,7 +5,9 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
 
 - first cell: markdown with the title and **Learning objectives**; then short background;
 - first code cell: ``session = course.start("NN_name")`` -- it prints the profile (``gpu``/``ci``), the
-  device the hub assigned and a busy-GPU warning; take every size from ``session.profile``;
+  device the hub assigned and a busy-GPU warning; take every size from ``session.profile``. The
+  generator puts the import guard above it and names the course's kernel in the notebook's metadata
+  (:mod:`tinyllama.course.jupyter_setup`): write neither by hand;
 - exercises: the solution between ``# BEGIN SOLUTION NN.k`` and ``# END SOLUTION`` with one or more
   ``# HINT: ...`` lines inside that describe the goal, never the line (the generator refuses a hint
   that gives the answer away); ``python -m tinyllama.course.make_notebooks`` writes ``notebooks/``.

@@ -7,6 +7,10 @@ Each notebook runs top to bottom in a fresh kernel (nbclient) with failed checkp
 directory), together with ``summary.md`` and ``summary.csv``: every figure the notebooks recorded in
 this run. The exit status is 1 when a notebook failed. ``--update-solutions`` stores the fresh
 outputs in ``solutions/`` (how the reference outputs of a GPU run are kept).
+
+Each notebook runs in the kernel it names, the course's (``bash course.sh kernel`` registers it), or
+in ``--kernel-name``; where the course's kernel is not registered, in Jupyter's ``python3`` kernel,
+with the checkout on its ``PYTHONPATH``, and the command says so.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from tqdm.auto import tqdm
 
 from tinyllama.course import checkpoints, results
+from tinyllama.course.jupyter_setup import KERNEL_NAME, registered_kernels
 from tinyllama.course.profile import ENV_VARIABLE as PROFILE_VARIABLE
 from tinyllama.course.profile import select_profile
 
@@ -77,6 +82,30 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# ipykernel's kernel, which Jupyter provides for the Python it runs in unless a kernel of that name is
+# registered elsewhere: where a notebook's own kernel is missing, the notebooks run in this one.
+FALLBACK_KERNEL = "python3"
+
+
+def choose_kernel(wanted: str, available: set[str]) -> tuple[str, str]:
+    """The kernel to run a notebook that names ``wanted`` in, and a note when it is another one:
+    ``wanted`` where it is registered, else :data:`FALLBACK_KERNEL`. Raises ``ValueError`` when
+    neither is registered."""
+    if wanted in available:
+        return wanted, ""
+    how = ("`bash course.sh kernel` registers it" if wanted == KERNEL_NAME
+           else "`jupyter kernelspec list` shows the registered ones")
+    if FALLBACK_KERNEL not in available:
+        raise ValueError(f"the Jupyter kernel {wanted!r} is not registered ({how}), nor is {FALLBACK_KERNEL!r}")
+    return FALLBACK_KERNEL, (f"note: the Jupyter kernel {wanted!r} is not registered here ({how}): the notebooks "
+                             f"run in the {FALLBACK_KERNEL!r} kernel instead, with this checkout on its PYTHONPATH")
+
+
+def notebook_kernel(path: Path) -> str:
+    """The name of the kernel the notebook at ``path`` names (its metadata's kernelspec)."""
+    return nbformat.read(path, as_version=4).metadata.get("kernelspec", {}).get("name", FALLBACK_KERNEL)
 
 
 _ANSI_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
@@ -153,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the results directory)")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="default: %(default)s")
     parser.add_argument("--timeout", type=int, default=900, help="seconds one cell may take (default: %(default)s)")
-    parser.add_argument("--kernel-name", default=None, help="Jupyter kernel (default: the notebook's own)")
+    parser.add_argument("--kernel-name", default=None,
+                        help=f"Jupyter kernel (default: the notebook's own, {KERNEL_NAME!r}; where that is not "
+                             f"registered, {FALLBACK_KERNEL!r})")
     parser.add_argument("--update-solutions", action="store_true",
                         help="store the outputs of notebooks that ran cleanly back into the solutions")
     args = parser.parse_args(argv)
@@ -161,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         selection = select_profile(args.profile)
         notebooks = find_notebooks(args.solutions, args.notebooks)
         results_directory = results.results_dir()
+        available = registered_kernels()
+        if args.kernel_name is not None and args.kernel_name not in available:
+            raise ValueError(f"the Jupyter kernel {args.kernel_name!r} is not registered: choose one of "
+                             f"{', '.join(sorted(available))}")
     except (ValueError, RuntimeError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -179,9 +214,18 @@ def main(argv: list[str] | None = None) -> int:
         "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p),
     }
     outcomes = []
+    notes: set[str] = set()
     with _environment(kernel_environment):
         for path in notebooks:
-            outcome = run_notebook(path, output, args.timeout, args.kernel_name)
+            try:
+                kernel, note = choose_kernel(args.kernel_name or notebook_kernel(path), available)
+            except ValueError as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 2
+            if note and note not in notes:
+                print(note, flush=True)
+                notes.add(note)
+            outcome = run_notebook(path, output, args.timeout, kernel)
             outcomes.append(outcome)
             print(f"{'ok    ' if outcome.ok else 'FAILED'} {outcome.notebook} ({outcome.seconds:.0f} s)"
                   + (f": {outcome.error}" if outcome.error else ""), flush=True)
