@@ -65,11 +65,12 @@ def _recorded(device_name: str, profile: Profile, precisions: Sequence[str],
 def device_ceilings(device: torch.device | str | None, profile: Profile, precisions: Sequence[str] | None = None,
                     *, directory: str | os.PathLike[str] | None = None, quiet: bool = False) -> DeviceCeilings:
     """The ceilings of ``device``: notebook 00's latest record made on this device at ``profile``'s matmul
-    size (with every one of ``precisions``, default the profile's ``matmul_precisions``, and the copy), else
+    size (with every one of ``precisions``, default the profile's ``matmul_precisions``; ``()`` for the copy
+    alone, and the copy), else
     measured now with ``tinyllama.ceilings`` at the profile's sizes. Prints where they come from unless
     ``quiet``."""
     device = dev.get_device(None if device is None else str(device))
-    precisions = tuple(precisions or profile.matmul_precisions)
+    precisions = tuple(profile.matmul_precisions if precisions is None else precisions)
     unknown = [p for p in precisions if p not in ("fp32", "tf32", "bf16", "fp16")]
     if unknown:
         raise ValueError(f"unknown precision(s) {unknown}: use fp32, tf32, bf16 or fp16")
@@ -95,6 +96,6 @@ def device_ceilings(device: torch.device | str | None, profile: Profile, precisi
                   datasheet_tflops={p: peaks.tflops(p) if peaks else None for p in rates},
                   datasheet_tbs=peaks.memory_bandwidth_tbs if peaks else None)
     if not quiet:
-        print(f"ceilings of {name}: " + ", ".join(f"{p} matmul {v:.4g} TFLOP/s" for p, v in rates.items())
-              + f", copy {copy_tbs:.4g} TB/s; from {source}")
+        print(f"ceilings of {name}: " + "".join(f"{p} matmul {v:.4g} TFLOP/s, " for p, v in rates.items())
+              + f"copy {copy_tbs:.4g} TB/s; from {source}")
     return DeviceCeilings(roofs, source, recorded)

@@ -344,7 +344,7 @@ def plot_roofline(
         fig, ax = plt.subplots(figsize=(10, 6.5))
     else:
         fig = ax.figure
-    fixed, movable = [], []  # roof labels stay; point labels may move
+    fixed, movable, markers = [], [], []  # roof labels stay; point labels may move; markers: (x, y, area in pt²)
     for i, precision in enumerate(precisions):
         roof = roofs.compute(precision)
         ax.plot(x, np.minimum(x * roofs.bandwidth_tbs, roof), color="black", lw=1.8 if i == len(precisions) - 1 else 1.0,
@@ -362,6 +362,7 @@ def plot_roofline(
         hidden = versions[label]["time_ms"].sum() - frame["time_ms"].sum()
         share = frame["time_ms"] / total if total else frame["time_ms"] * 0
         dropped = f"; {len(excluded[label])} above the roof not drawn" if label in excluded else ""
+        markers.append((frame["intensity"].to_numpy(), frame["tflops"].to_numpy(), (20 + 900 * share).to_numpy()))
         ax.scatter(frame["intensity"], frame["tflops"], s=20 + 900 * share, color=color, marker=marker, alpha=0.6,
                    edgecolor="black", linewidth=0.5,
                    label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable{dropped})")
@@ -395,7 +396,7 @@ def plot_roofline(
         if hasattr(handle, "set_sizes"):
             handle.set_sizes([40])
     fig.tight_layout()
-    _separate_labels(fig, fixed, movable, legend)
+    _separate_labels(fig, fixed, movable, legend, ax, markers)
     if path is not None:
         fig.savefig(path, dpi=130)
     return fig
@@ -407,24 +408,41 @@ _LABEL_OFFSETS = [(6, 4), (6, -11), (-6, 4), (-6, -11), (6, 15), (6, -22), (-6, 
                   (-6, 26), (-6, -33), (6, 37), (6, -44), (-6, 37), (-6, -44)]
 
 
-def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any) -> None:
+def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any, ax: Any = None,
+                     markers: Sequence[tuple[Any, Any, Any]] = ()) -> None:
     """Place each point label at the first offset of :data:`_LABEL_OFFSETS` where it overlaps no label
-    placed before it, no roof label and not the legend; a label with no free place is left out (its point
-    stays, and the tables name it)."""
+    placed before it, no roof label, no large marker other than its own point's, and not the legend; a
+    label with no free place is left out (its point stays, and the tables name it)."""
+    from matplotlib.transforms import Bbox
+
     renderer = _renderer(fig)
     taken = [t.get_window_extent(renderer).expanded(1.02, 1.1) for t in fixed]
     if legend is not None:
         taken.append(legend.get_window_extent(renderer))
+    blobs = []  # the markers' boxes in display units, with their centres (a label may touch its own point)
+    if ax is not None:
+        for xs, ys, areas in markers:
+            for x, y, area in zip(xs, ys, areas):
+                cx, cy = ax.transData.transform((x, y))
+                r = 0.5 * (float(area) ** 0.5) * fig.dpi / 72.0
+                if area > 60:  # small markers hide nothing a label needs
+                    blobs.append(((x, y), Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)))
     for label in movable:
+        own = tuple(label.xy)
+        obstacles = taken + [box for centre, box in blobs if not _same_point(centre, own)]
         for dx, dy in _LABEL_OFFSETS:
             label.set_position((dx, dy))  # the offset, in points, of an annotation's text
             label.set_horizontalalignment("left" if dx > 0 else "right")
             box = label.get_window_extent(renderer).expanded(1.02, 1.1)
-            if not any(box.overlaps(other) for other in taken):
+            if not any(box.overlaps(other) for other in obstacles):
                 taken.append(box)
                 break
         else:
             label.set_visible(False)
+
+
+def _same_point(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return abs(a[0] - b[0]) <= 1e-12 * max(abs(a[0]), 1.0) and abs(a[1] - b[1]) <= 1e-12 * max(abs(a[1]), 1.0)
 
 
 def _renderer(fig: Any) -> Any:

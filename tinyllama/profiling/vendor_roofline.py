@@ -20,10 +20,6 @@ import pandas as pd
 from tinyllama import device as dev
 from tinyllama.profiling import vendor
 
-# What each back end's roofline uses (vendor._CHOICES names the tool; this names what it runs on).
-TOOL = {"cuda": "ncu", "rocm": "rocprof-compute"}
-
-
 @dataclass
 class VendorRoofline:
     """The outcome: ``tool`` (``ncu``, ``rocprof-compute`` or ``None``), whether it ``ran``, the ``reason``
@@ -62,7 +58,7 @@ def vendor_roofline(version: str, preset: str, precision: str, launch_count: int
     why not. A tool that fails is reported (``ran=False``, its message in ``reason``), never raised."""
     backend = dev.backend()
     commands = roofline_commands(version, preset, precision, launch_count, out)
-    tool = TOOL.get(backend)
+    tool = vendor.roofline_tool(backend)
     if tool is None:
         return VendorRoofline(None, False, "no GPU here: vendor profilers measure GPU kernels only", commands)
     info = vendor.detect_tool(tool)
