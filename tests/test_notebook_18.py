@@ -108,7 +108,8 @@ def test_gemm_and_add_mistakes_fail(notebook, mistake):
     ("norm_bytes = itemsize * (2 * tokens * h + h)", "norm_bytes = itemsize * tokens * h"),  # y never written
     ("attn_flops = 2 * (2 * batch_size", "attn_flops = (2 * batch_size"),  # one product only
     ("(2 * heads + 2 * kv_heads)", "(4 * heads)"),  # k and v with every query head (no grouped-query saving)
-    ("attn_bytes = itemsize * batch_size * seq_len * head_dim", "attn_bytes = itemsize * batch_size * seq_len * seq_len"),
+    ("attn_bytes = itemsize * batch_size * seq_len * head_dim",
+     "attn_bytes = itemsize * batch_size * seq_len * seq_len"),  # the scores counted: not a fused kernel
 ])
 def test_norm_and_attention_mistakes_fail(notebook, mistake):
     nb, found = notebook
@@ -196,7 +197,8 @@ def test_device_ceilings_reads_notebook_00_only_for_this_device_and_size(tmp_pat
     monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
     profile = course.PROFILES["ci"]
     here = dev.device_name(torch.device("cpu"))
-    figures = {"matmul_fp32_tflops": 1.5, "matmul_bf16_tflops": 2.5, "matmul_size": profile.matmul_size, "copy_tbs": 0.25}
+    figures = {"matmul_fp32_tflops": 1.5, "matmul_bf16_tflops": 2.5, "matmul_size": profile.matmul_size,
+               "copy_tbs": 0.25}
     _write_record(tmp_path, here, "ci", figures)
     found = course.device_ceilings("cpu", profile, ("fp32", "bf16"), quiet=True)
     assert found.recorded and found.roofs.compute_tflops == {"fp32": 1.5, "bf16": 2.5} and found.copy_tbs == 0.25
@@ -266,5 +268,6 @@ def test_vendor_roofline_without_the_tool_runs_nothing_and_gives_the_commands(tm
         name, "cuda", None, None, False, f"{name} not found on PATH"))
     result = vr.vendor_roofline("v1", "medium", "bf16", 7, tmp_path)
     assert (result.tool, result.ran) == ("ncu", False) and "ncu not found" in result.reason
-    assert "--launch-count 7" in result.commands["cuda"] and "ncu_step --version v1 --preset medium" in result.commands["cuda"]
+    assert "--launch-count 7" in result.commands["cuda"]
+    assert "ncu_step --version v1 --preset medium" in result.commands["cuda"]
     assert result.commands["rocm"].startswith("rocprof-compute profile") and "--roof-only" in result.commands["rocm"]

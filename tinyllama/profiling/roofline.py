@@ -368,8 +368,9 @@ def plot_roofline(
                    label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable{dropped})")
         for _, row in frame.nlargest(top, "time_ms").iterrows():
             name = row["operator"].replace("aten::", "")
-            movable.append(ax.annotate(name if len(name) <= 30 else name[:27] + "...", (row["intensity"], row["tflops"]),
-                                       fontsize=8, color=color, textcoords="offset points", xytext=(6, 4)))
+            short = name if len(name) <= 30 else name[:27] + "..."
+            movable.append(ax.annotate(short, (row["intensity"], row["tflops"]), fontsize=8, color=color,
+                                       textcoords="offset points", xytext=(6, 4)))
     if arrows and len(placeable) > 1:
         a, b = list(placeable.values())[:2]
         b_by_op = b.set_index("operator")
