@@ -2,7 +2,8 @@
 
 ``models/`` the versions (V1's class declares the contract the harnesses read); ``kernels/`` the
 Triton kernels; ``training`` the timed training step; ``bench`` and ``compare`` the two harnesses
-(``comparison/`` holds the comparison's parts); ``profiling/`` the instruments; ``records`` the
+(``comparison/`` holds the comparison's parts); ``profiling/`` the instruments; ``intensity`` the FLOPs
+and bytes of the model's kernels from their shapes; ``records`` the
 results files (shared with ``inference``); ``settings``, ``config``, ``device``, ``timing``, ``cli``
 what they all share; ``course/`` the notebooks' infrastructure.
 """

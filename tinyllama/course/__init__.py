@@ -18,6 +18,7 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
   in its expected range, with ``why``), ``course.check_ratio`` (two timed series), and
   ``course.compare_prediction`` (a prediction beside the measurement); ``course.checkpoint(...)``
   for anything else. Checks print PASS/CHECK and fail the notebook under ``WORKSHOP_STRICT=1``;
+- this device's roofs (matmul per precision, copy) as notebook 00 recorded them: ``course.device_ceilings``;
 - mark cells whose output is a fact, the same on a GPU and a CPU (counts, correctness checks,
   configuration tables), with ``# NBVAL_CHECK_OUTPUT``; measured numbers go in other cells;
 - end with a "Record your result" step, ``session.record({...})``, and ``session.finish(globals())``;
@@ -27,6 +28,7 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
 
 from tinyllama.course.checkpoints import (check_allclose, check_between, check_close, check_equal,
                                           check_faster, checkpoint)
+from tinyllama.course.device_ceilings import DeviceCeilings, device_ceilings
 from tinyllama.course.feedback import (Mismatch, check_function, check_ratio, compare_outputs, compare_prediction,
                                        ratio_with_spread)
 from tinyllama.course.profile import PROFILES, Profile, get_profile, select_profile
@@ -34,7 +36,7 @@ from tinyllama.course.results import latest, load_results, record, results_dir
 from tinyllama.course.reveal import reveal
 from tinyllama.course.session import Session, start
 
-__all__ = ["PROFILES", "Mismatch", "Profile", "Session", "check_allclose", "check_between", "check_close",
+__all__ = ["PROFILES", "DeviceCeilings", "Mismatch", "Profile", "Session", "check_allclose", "check_between", "check_close",
            "check_equal", "check_faster", "check_function", "check_ratio", "checkpoint", "compare_outputs",
-           "compare_prediction", "get_profile", "latest", "load_results", "ratio_with_spread", "record",
+           "compare_prediction", "device_ceilings", "get_profile", "latest", "load_results", "ratio_with_spread", "record",
            "results_dir", "reveal", "select_profile", "start"]

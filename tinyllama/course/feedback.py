@@ -239,6 +239,8 @@ def compare_prediction(name: str, predicted: float | None, measured: float, unit
     if unit == "x" and (predicted - 1.0) * (measured - 1.0) < 0:
         verdict = (f"the opposite of your prediction: you expected {'more' if predicted > 1 else 'less'} than 1x, "
                    f"it measured {'more' if measured > 1 else 'less'}")
+    elif ratio == 0:
+        verdict = "nothing measured where you predicted some"
     else:
         verdict = ("close to your prediction" if 0.8 <= ratio <= 1.25 else
                    f"{ratio:.2f}x your prediction" if ratio > 1 else f"{1 / ratio:.2f}x below your prediction")

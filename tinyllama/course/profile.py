@@ -74,6 +74,11 @@ class Profile:
     debug_batch_size: int
     debug_seq_len: int
     debug_profiled_steps: int
+    # 18_roofline: kernels Nsight Compute profiles of one V1 step after its known GEMM (a handful: it replays
+    # each one many times), and whether V4 runs compiled (on two CPU cores its compile takes over a minute).
+    roofline_ncu_launches: int
+    roofline_compile_v4: bool
+    roofline_profiled_steps: int  # steps the profiler records per version (after one warm-up step)
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -123,6 +128,10 @@ PROFILES: dict[str, Profile] = {
         debug_batch_size=16,
         debug_seq_len=512,
         debug_profiled_steps=3,
+        # 18_roofline
+        roofline_ncu_launches=30,
+        roofline_compile_v4=True,
+        roofline_profiled_steps=3,
     ),
     "ci": Profile(
         name="ci",
@@ -166,6 +175,10 @@ PROFILES: dict[str, Profile] = {
         debug_batch_size=1,
         debug_seq_len=12,
         debug_profiled_steps=1,
+        # 18_roofline
+        roofline_ncu_launches=10,
+        roofline_compile_v4=False,
+        roofline_profiled_steps=1,
     ),
 }
 

@@ -7,7 +7,9 @@
   and the cross-check between them;
 - :mod:`~tinyllama.profiling.vendor`: rocprofv3, rocprof-sys, rocprof-compute, nsys and ncu (detection,
   command lines, output parsers): the one place that knows about vendor tools;
-- :mod:`~tinyllama.profiling.roofline`: measured roofs, operator and kernel points, the roofline plot.
+- :mod:`~tinyllama.profiling.roofline`: measured roofs, operator and kernel points, the roofline plot;
+- :mod:`~tinyllama.profiling.vendor_roofline`: the vendor's roofline of a few kernels of a step (``ncu``,
+  ``rocprof-compute``), or the command lines where the tool is missing.
 """
 
 from tinyllama.profiling.flops import (

@@ -58,8 +58,16 @@ def _qualified(packet: Any) -> str:
 def _signature(shapes: Sequence[Any], dtypes: Sequence[str] | None) -> tuple | None:
     """The shapes of an operator call's tensor arguments, as the profiler records them (``record_shapes``):
     tensor lists, non-tensor arguments and 0-d tensors (a Python number may arrive as either) left out.
-    ``None`` when nothing was recorded."""
-    if shapes is None or dtypes is None or len(dtypes) != len(shapes):
+    ``None`` when nothing was recorded. A profiler that records shapes but no dtypes (older PyTorch) gives
+    the non-empty shapes of plain integers: a tensor list or a scalar has none."""
+    if shapes is None:
+        return None
+    if not dtypes:
+        if not shapes:
+            return None
+        return tuple(tuple(int(n) for n in shape) for shape in shapes
+                     if shape and isinstance(shape, (list, tuple)) and all(isinstance(n, int) for n in shape))
+    if len(dtypes) != len(shapes):
         return None
     return tuple(tuple(int(n) for n in shape) for shape, dtype in zip(shapes, dtypes)
                  if dtype and dtype not in _NOT_TENSORS and shape and all(isinstance(n, int) for n in shape))

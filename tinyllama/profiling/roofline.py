@@ -297,6 +297,7 @@ _STYLES = [("tab:red", "o"), ("tab:blue", "s"), ("tab:green", "^"), ("tab:purple
 def plot_roofline(
     points: pd.DataFrame | Mapping[str, pd.DataFrame], roofs: Roofs, path: str | Path | None = None, *,
     top: int = 6, title: str = "", arrows: bool = True, tolerance: float = ROOF_TOLERANCE, strict: bool = False,
+    ax: Any = None,
 ) -> Any:
     """A log-log roofline: measured roofs (solid) and datasheet peaks (dashed), each version's operators
     as points sized by their share of the step time, the ``top`` operators of each labelled, and arrows
@@ -306,7 +307,10 @@ def plot_roofline(
 
     A roofline must be physically possible: points above their roof by more than ``tolerance``
     (:func:`check_physical`) are not drawn; an :class:`AboveRoofWarning` names them and the plot says
-    how many were left out. ``strict`` raises :class:`AboveRoofError` instead."""
+    how many were left out. ``strict`` raises :class:`AboveRoofError` instead.
+
+    ``ax`` draws into those axes (a panel of a larger figure) instead of a new figure. Labels are moved
+    apart until none overlaps another or the legend (:func:`overlapping_labels` lists any left)."""
     import matplotlib
 
     if path is not None:
@@ -336,13 +340,17 @@ def plot_roofline(
     hi = max(float(intensities.max()) if len(intensities) else 10.0, max(roofs.ridge(p) for p in precisions)) * 4
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
 
-    fig, ax = plt.subplots(figsize=(10, 6.5))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 6.5))
+    else:
+        fig = ax.figure
+    fixed, movable, markers = [], [], []  # roof labels stay; point labels may move; markers: (x, y, area in pt²)
     for i, precision in enumerate(precisions):
         roof = roofs.compute(precision)
         ax.plot(x, np.minimum(x * roofs.bandwidth_tbs, roof), color="black", lw=1.8 if i == len(precisions) - 1 else 1.0,
                 label=f"measured {precision} matmul {_rate(roof, 'FLOP/s')}"
                       + ("" if i else f"; copy {_rate(roofs.bandwidth_tbs, 'B/s')}"))
-        ax.annotate(precision, (hi, roof), textcoords="offset points", xytext=(-28, 3), fontsize=8)
+        fixed.append(ax.annotate(precision, (hi, roof), textcoords="offset points", xytext=(-28, 3), fontsize=8))
         sheet = roofs.datasheet_tflops.get(precision)
         if sheet and roofs.datasheet_tbs:
             ax.plot(x, np.minimum(x * roofs.datasheet_tbs, sheet), color="gray", ls="--", lw=1.0,
@@ -354,13 +362,15 @@ def plot_roofline(
         hidden = versions[label]["time_ms"].sum() - frame["time_ms"].sum()
         share = frame["time_ms"] / total if total else frame["time_ms"] * 0
         dropped = f"; {len(excluded[label])} above the roof not drawn" if label in excluded else ""
+        markers.append((frame["intensity"].to_numpy(), frame["tflops"].to_numpy(), (20 + 900 * share).to_numpy()))
         ax.scatter(frame["intensity"], frame["tflops"], s=20 + 900 * share, color=color, marker=marker, alpha=0.6,
                    edgecolor="black", linewidth=0.5,
                    label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable{dropped})")
         for _, row in frame.nlargest(top, "time_ms").iterrows():
             name = row["operator"].replace("aten::", "")
-            ax.annotate(name if len(name) <= 30 else name[:27] + "...", (row["intensity"], row["tflops"]), fontsize=8,
-                        color=color, textcoords="offset points", xytext=(6, 4))
+            short = name if len(name) <= 30 else name[:27] + "..."
+            movable.append(ax.annotate(short, (row["intensity"], row["tflops"]), fontsize=8, color=color,
+                                       textcoords="offset points", xytext=(6, 4)))
     if arrows and len(placeable) > 1:
         a, b = list(placeable.values())[:2]
         b_by_op = b.set_index("operator")
@@ -387,9 +397,78 @@ def plot_roofline(
         if hasattr(handle, "set_sizes"):
             handle.set_sizes([40])
     fig.tight_layout()
+    _separate_labels(fig, fixed, movable, legend, ax, markers)
     if path is not None:
         fig.savefig(path, dpi=130)
     return fig
+
+
+# Where a point's label may go, in points from the point (tried in this order): right, then left of it,
+# then further up and down.
+_LABEL_OFFSETS = [(6, 4), (6, -11), (-6, 4), (-6, -11), (6, 15), (6, -22), (-6, 15), (-6, -22), (6, 26), (6, -33),
+                  (-6, 26), (-6, -33), (6, 37), (6, -44), (-6, 37), (-6, -44)]
+
+
+def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any, ax: Any = None,
+                     markers: Sequence[tuple[Any, Any, Any]] = ()) -> None:
+    """Place each point label at the first offset of :data:`_LABEL_OFFSETS` where it overlaps no label
+    placed before it, no roof label, no large marker other than its own point's, and not the legend; a
+    label with no free place is left out (its point stays, and the tables name it)."""
+    from matplotlib.transforms import Bbox
+
+    renderer = _renderer(fig)
+    taken = [t.get_window_extent(renderer).expanded(1.02, 1.1) for t in fixed]
+    if legend is not None:
+        taken.append(legend.get_window_extent(renderer))
+    blobs = []  # the markers' boxes in display units, with their centres (a label may touch its own point)
+    if ax is not None:
+        for xs, ys, areas in markers:
+            for x, y, area in zip(xs, ys, areas):
+                cx, cy = ax.transData.transform((x, y))
+                r = 0.5 * (float(area) ** 0.5) * fig.dpi / 72.0
+                if area > 60:  # small markers hide nothing a label needs
+                    blobs.append(((x, y), Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)))
+    for label in movable:
+        own = tuple(label.xy)
+        obstacles = taken + [box for centre, box in blobs if not _same_point(centre, own)]
+        for dx, dy in _LABEL_OFFSETS:
+            label.set_position((dx, dy))  # the offset, in points, of an annotation's text
+            label.set_horizontalalignment("left" if dx > 0 else "right")
+            box = label.get_window_extent(renderer).expanded(1.02, 1.1)
+            if not any(box.overlaps(other) for other in obstacles):
+                taken.append(box)
+                break
+        else:
+            label.set_visible(False)
+
+
+def _same_point(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return abs(a[0] - b[0]) <= 1e-12 * max(abs(a[0]), 1.0) and abs(a[1] - b[1]) <= 1e-12 * max(abs(a[1]), 1.0)
+
+
+def _renderer(fig: Any) -> Any:
+    """The renderer that sizes ``fig``'s texts, whatever canvas the figure has (Jupyter's inline backend
+    gives it a plain one until it is shown)."""
+    if hasattr(fig.canvas, "get_renderer"):
+        return fig.canvas.get_renderer()
+    from matplotlib.backend_bases import _get_renderer  # a renderer of the figure's own size and dpi
+
+    return _get_renderer(fig)
+
+
+def overlapping_labels(fig: Any) -> list[tuple[str, str]]:
+    """Pairs of visible texts of ``fig``'s axes (point and roof labels, the legend as one box) whose boxes
+    overlap: empty for a readable plot."""
+    renderer = _renderer(fig)
+    pairs = []
+    for ax in fig.axes:
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_visible() and t.get_text()]
+        legend = ax.get_legend()
+        if legend is not None:
+            boxes.append(("(legend)", legend.get_window_extent(renderer)))
+        for i, (a, box_a) in enumerate(boxes):
+            pairs += [(a, b) for b, box_b in boxes[i + 1:] if box_a.overlaps(box_b)]
+    return pairs
 
 
 def _rate(tera: float, unit: str) -> str:

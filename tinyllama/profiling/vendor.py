@@ -2,7 +2,9 @@
 
 AMD: ``rocprofv3`` (kernel statistics, timeline, counters), ``rocprof-sys`` (system timeline),
 ``rocprof-compute`` (hardware counters and the empirical roofline). NVIDIA: ``nsys`` (timeline, kernel
-statistics) and ``ncu`` (hardware counters, roofline). Nothing else in the project names these tools.
+statistics) and ``ncu`` (hardware counters, roofline). Nothing else in the project names these tools, but
+for the two runs built on them: :mod:`~tinyllama.profiling.ncu_step` (ncu on a known GEMM and a step) and
+:mod:`~tinyllama.profiling.vendor_roofline` (this machine's vendor roofline of a step).
 
 Three jobs:
 
@@ -143,6 +145,13 @@ _CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
              "counters": ("rocprof-compute", "rocprofv3"), "roofline": ("rocprof-compute",)},
     "cuda": {"kernel_stats": ("nsys", "ncu"), "timeline": ("nsys",), "counters": ("ncu",), "roofline": ("ncu",)},
 }
+
+def roofline_tool(backend: str | None = None) -> str | None:
+    """The tool that takes the roofline on ``backend`` (default this machine's): ``ncu`` on CUDA,
+    ``rocprof-compute`` on ROCm, ``None`` on a CPU."""
+    choices = _CHOICES.get(backend or dev.backend())
+    return choices["roofline"][0] if choices else None
+
 
 # Counters per kernel that place it on a roofline: time, DRAM traffic, and the floating-point work
 # of the CUDA cores (thread instructions; an FMA is two FLOPs) and of the tensor cores.

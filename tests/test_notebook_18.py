@@ -1,0 +1,273 @@
+"""Notebook 18 (the roofline): its exercise checks catch plausible wrong answers, and the library pieces it
+stands on state facts that would be false if they were wrong (the intensity formulas against PyTorch's
+FLOP counter, notebook 00's ceilings found only for the same device, labels kept apart, no point drawn
+above its roof)."""
+
+import json
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import nbformat  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tinyllama import course, intensity  # noqa: E402
+from tinyllama import device as dev  # noqa: E402
+from tinyllama.config import get_preset  # noqa: E402
+from tinyllama.course.bottlenecks import slip_hint  # noqa: E402
+from tinyllama.course.checkpoints import CheckpointFailed  # noqa: E402
+from tinyllama.course.make_notebooks import exercises  # noqa: E402
+from tinyllama.course.results import checkout_root  # noqa: E402
+from tinyllama.profiling import roofline  # noqa: E402
+from tinyllama.profiling.attribution import _signature  # noqa: E402
+from tinyllama.timing import summarize  # noqa: E402
+
+PATH = checkout_root() / "solutions" / "18_roofline.ipynb"
+MEDIUM = get_preset("medium")
+# A device whose ridge points fall between the kernels' intensities: bf16 300 TFLOP/s, fp32 30, 1.5 TB/s.
+ROOFS = roofline.Roofs("test GPU", {"fp32": 30.0, "bf16": 300.0}, 1.5)
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    nb = nbformat.read(PATH, as_version=4)
+    return nb, exercises(nb, PATH.stem)
+
+
+@pytest.fixture(autouse=True)
+def strict(monkeypatch):
+    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+
+
+def _namespace(**extra):
+    """What the exercise cells find in the notebook: the medium preset in bf16 on the test roofs."""
+    namespace = {"torch": torch, "math": math, "pd": pd, "course": course, "intensity": intensity,
+                 "roofline": roofline, "slip_hint": slip_hint, "display": lambda *a, **k: None,
+                 "config": MEDIUM.model, "batch_size": MEDIUM.batch_size, "seq_len": MEDIUM.seq_len, "itemsize": 2,
+                 "precision": "bf16", "roofs": ROOFS, "on_gpu": True}
+    namespace.update(extra)
+    return namespace
+
+
+def _run(nb, found, exercise, replace=None, namespace=None, check=True):
+    """Run the cells before ``exercise``'s solution that it needs, its solution (with ``replace`` = (old, new)
+    applied) and its check cell, in ``namespace``."""
+    index, _ = found[exercise]
+    source = nb.cells[index].source
+    if replace is not None:
+        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
+        source = source.replace(*replace)
+    namespace = _namespace() if namespace is None else namespace
+    exec(source, namespace)
+    if check:
+        exec(nb.cells[index + 1].source, namespace)
+    return namespace
+
+
+def _through(nb, found, last):
+    """A namespace in which the exercises before ``last`` ran with the reference answers."""
+    namespace = _namespace()
+    for exercise in ("18.1", "18.2", "18.3"):
+        if exercise == last:
+            break
+        _run(nb, found, exercise, namespace=namespace)
+    return namespace
+
+
+def test_the_exercises_and_their_order(notebook):
+    _, found = notebook
+    assert list(found) == ["18.1", "18.2", "18.3", "18.4"]
+
+
+def test_the_reference_answers_pass(notebook):
+    nb, found = notebook
+    namespace = _through(nb, found, None)
+    table = namespace["mine"].set_index("kernel")
+    # At the medium preset in bf16 the two matrix kernels lie right of the ridge, the two others left of it.
+    assert list(table["predicted_bound"]) == ["compute", "memory", "memory", "compute"]
+
+
+@pytest.mark.parametrize("mistake", [
+    ("gemm_flops = 2 * tokens * h * inter", "gemm_flops = tokens * h * inter"),  # a multiply-add as one FLOP
+    ("gemm_bytes = itemsize * (tokens * h + h * inter + tokens * inter)",
+     "gemm_bytes = itemsize * (tokens * h + h * inter)"),  # the output never written
+    ("add_bytes = 3 * itemsize * tokens * h", "add_bytes = 2 * itemsize * tokens * h"),  # the output forgotten
+    ("add_bytes = 3 * itemsize * tokens * h", "add_bytes = 3 * tokens * h"),  # elements, not bytes
+])
+def test_gemm_and_add_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "18.1", mistake)
+
+
+@pytest.mark.parametrize("mistake", [
+    ("norm_bytes = itemsize * (2 * tokens * h + h)", "norm_bytes = itemsize * tokens * h"),  # y never written
+    ("attn_flops = 2 * (2 * batch_size", "attn_flops = (2 * batch_size"),  # one product only
+    ("(2 * heads + 2 * kv_heads)", "(4 * heads)"),  # k and v with every query head (no grouped-query saving)
+    ("attn_bytes = itemsize * batch_size * seq_len * head_dim",
+     "attn_bytes = itemsize * batch_size * seq_len * seq_len"),  # the scores counted: not a fused kernel
+])
+def test_norm_and_attention_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    namespace = _through(nb, found, "18.2")
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "18.2", mistake, namespace=namespace)
+
+
+@pytest.mark.parametrize("mistake", [
+    ("return min(memory_roof, compute_tflops), bound", "return max(memory_roof, compute_tflops), bound"),
+    ('"compute" if intensity >= compute_tflops / bandwidth_tbs else "memory"',
+     '"memory" if intensity >= compute_tflops / bandwidth_tbs else "compute"'),  # the sides swapped
+    ("intensity >= compute_tflops / bandwidth_tbs", "intensity > compute_tflops / bandwidth_tbs"),  # the ridge itself
+    ("memory_roof = intensity * bandwidth_tbs", "memory_roof = intensity / bandwidth_tbs"),
+])
+def test_roof_position_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    namespace = _through(nb, found, "18.3")
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "18.3", mistake, namespace=namespace)
+
+
+def _idle_namespace():
+    step = {"V1": summarize([100.0, 101.0, 99.0]), "V4": summarize([40.0, 41.0, 39.0])}
+    return _namespace(points={"V1": None, "V4": None}, step_ms=step, device_ms={"V1": 60.0, "V4": 38.0},
+                      predicted_device_speedup=2.0, predicted_v1_idle_pct=20.0)
+
+
+def test_the_idle_share_passes_and_its_mistakes_fail(notebook):
+    nb, found = notebook
+    namespace = _run(nb, found, "18.4", namespace=_idle_namespace())
+    assert namespace["idle_pct"]["V1"] == pytest.approx(40.0)
+    for mistake in [("idle_pct[label] = 100 * idle_ms[label] / step_ms[label].median",
+                     "idle_pct[label] = 100 * device_ms[label] / step_ms[label].median"),  # the busy share
+                    ("idle_pct[label] = 100 * idle_ms[label] / step_ms[label].median",
+                     "idle_pct[label] = idle_ms[label] / step_ms[label].median")]:  # a fraction, not a percent
+        with pytest.raises(CheckpointFailed):
+            _run(nb, found, "18.4", mistake, namespace=_idle_namespace())
+
+
+# --------------------------------------------------------------------------------------------------
+# The library the notebook stands on
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gemm_and_attention_flops_agree_with_pytorchs_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        a, b = torch.empty(37, 19), torch.empty(19, 23)
+        q, k, v = torch.empty(2, 4, 33, 8), torch.empty(2, 4, 33, 8), torch.empty(2, 4, 33, 8)
+    with FlopCounterMode(display=False) as counter:
+        a @ b
+    assert intensity.gemm_work(37, 23, 19, 4).flops == counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter:
+        scores = q @ k.transpose(-1, -2)
+        scores @ v
+    assert intensity.attention_work(2, 4, 4, 33, 8, 4).flops == counter.get_total_flops()
+
+
+def test_model_kernels_bytes_and_the_attention_of_the_model_count():
+    from tinyllama import flops
+
+    config, batch, seq = MEDIUM.model, MEDIUM.batch_size, MEDIUM.seq_len
+    table = intensity.model_kernels(config, batch, seq, 2).set_index("kernel")
+    tokens = batch * seq
+    assert table.loc["element-wise", "bytes"] == 3 * 2 * tokens * config.hidden_dim
+    assert table.loc["RMSNorm", "bytes"] == 2 * (2 * tokens * config.hidden_dim + config.hidden_dim)
+    # The same attention FLOPs as the course's model count (two products over the full square, per layer).
+    attention_per_layer = (flops.forward_flops(config, batch, seq)
+                           - 2 * flops.matmul_parameters(config) * tokens) / config.num_layers
+    assert table.loc["attention", "flops"] == attention_per_layer
+    with pytest.raises(ValueError):
+        intensity.gemm_work(0, 1, 1, 2)
+
+
+def _write_record(directory, device_name, profile, figures, notebook="00_environment_check"):
+    entry = {"time": "2026-11-23T07:00:00+00:00", "notebook": notebook, "profile": profile,
+             "environment": {"device": device_name}, "figures": figures}
+    with open(directory / "results.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def test_device_ceilings_reads_notebook_00_only_for_this_device_and_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    profile = course.PROFILES["ci"]
+    here = dev.device_name(torch.device("cpu"))
+    figures = {"matmul_fp32_tflops": 1.5, "matmul_bf16_tflops": 2.5, "matmul_size": profile.matmul_size,
+               "copy_tbs": 0.25}
+    _write_record(tmp_path, here, "ci", figures)
+    found = course.device_ceilings("cpu", profile, ("fp32", "bf16"), quiet=True)
+    assert found.recorded and found.roofs.compute_tflops == {"fp32": 1.5, "bf16": 2.5} and found.copy_tbs == 0.25
+    assert "notebook 00" in found.source
+    # A later record of another device, or at another matrix size, is not this device's.
+    _write_record(tmp_path, "NVIDIA H200", "ci", {**figures, "copy_tbs": 4.0})
+    _write_record(tmp_path, here, "ci", {**figures, "matmul_size": 2 * profile.matmul_size, "copy_tbs": 9.0})
+    assert course.device_ceilings("cpu", profile, ("fp32",), quiet=True).copy_tbs == 0.25
+
+
+def test_device_ceilings_measures_when_nothing_fits(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    profile = course.PROFILES["ci"]
+    _write_record(tmp_path, "NVIDIA H200", "ci", {"matmul_fp32_tflops": 50.0, "matmul_size": profile.matmul_size,
+                                                   "copy_tbs": 4.0})
+    found = course.device_ceilings("cpu", profile, ("fp32",))
+    assert not found.recorded and found.copy_tbs != 4.0 and found.roofs.compute("fp32") > 0
+    assert "notebook 00 recorded none on this device" in capsys.readouterr().out
+    with pytest.raises(ValueError):
+        course.device_ceilings("cpu", profile, ("fp8",))
+
+
+def _crowded_points(label):
+    rows = [{"operator": f"aten::op{i}", "category": "element-wise", "flops": 1e9 * (1 + 0.01 * i), "bytes": 4e9,
+             "time_ms": 10.0 * (1 + 0.01 * i), "precision": "fp32", "flop_source": "estimate"} for i in range(6)]
+    rows.append({"operator": "aten::mm", "category": "GEMM (projections)", "flops": 1e12, "bytes": 2e9, "time_ms": 5.0,
+                 "precision": "bf16", "flop_source": "flop_counter"})
+    frame = roofline.classify(pd.DataFrame(rows), ROOFS)
+    frame.insert(0, "label", label)
+    return frame
+
+
+def test_plot_labels_do_not_overlap_even_for_crowded_points():
+    import matplotlib.pyplot as plt
+
+    fig, (ax, _) = plt.subplots(1, 2, figsize=(12, 6))
+    roofline.plot_roofline({"V1": _crowded_points("V1"), "V4": _crowded_points("V4")}, ROOFS, ax=ax, top=6)
+    assert roofline.overlapping_labels(fig) == []
+    assert sum(t.get_visible() and bool(t.get_text()) for t in ax.texts) >= 4  # labels were placed, not all hidden
+    plt.close(fig)
+
+
+def test_a_point_above_its_roof_is_refused_by_the_strict_plot():
+    frame = _crowded_points("V1")
+    frame.loc[0, "time_ms"] = 1e-4  # 1 GFLOP in 0.1 us: far above any roof
+    assert list(roofline.check_physical(frame, ROOFS)["operator"]) == ["aten::op0"]
+    with pytest.raises(roofline.AboveRoofError):
+        roofline.plot_roofline({"V1": frame}, ROOFS, strict=True)
+
+
+def test_call_signatures_without_dtypes_keep_the_tensor_shapes():
+    # An older profiler records shapes but no dtypes: scalars and tensor lists have no plain shape.
+    assert _signature([[4, 8], [], [[1, 2], [3]], [8, 2]], None) == ((4, 8), (8, 2))
+    assert _signature([[4, 8], [8]], ["float", "Scalar"]) == ((4, 8),)
+    assert _signature(None, None) is None
+
+
+def test_vendor_roofline_without_the_tool_runs_nothing_and_gives_the_commands(tmp_path, monkeypatch):
+    from tinyllama.profiling import vendor, vendor_roofline as vr
+
+    result = vr.vendor_roofline("v1", "ci", "fp32", 5, tmp_path) if dev.backend() == "cpu" else None
+    if result is not None:
+        assert not result.ran and result.tool is None and "no GPU" in result.reason
+    # A GPU machine without ncu: nothing runs, the reason names the tool, the command is there to copy.
+    monkeypatch.setattr(vr.dev, "backend", lambda: "cuda")
+    monkeypatch.setattr(vendor, "detect_tool", lambda name, timeout_s=30.0: vendor.ToolInfo(
+        name, "cuda", None, None, False, f"{name} not found on PATH"))
+    result = vr.vendor_roofline("v1", "medium", "bf16", 7, tmp_path)
+    assert (result.tool, result.ran) == ("ncu", False) and "ncu not found" in result.reason
+    assert "--launch-count 7" in result.commands["cuda"]
+    assert "ncu_step --version v1 --preset medium" in result.commands["cuda"]
+    assert result.commands["rocm"].startswith("rocprof-compute profile") and "--roof-only" in result.commands["rocm"]
