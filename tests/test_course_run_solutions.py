@@ -63,6 +63,9 @@ def test_selected_notebook_runs_cleanly_and_can_store_its_outputs(solutions, tmp
     stored = nbformat.read(solutions / "00_ok.ipynb", as_version=4)
     assert stored.cells[0].outputs[-1].text.endswith("\nrecorded\n")
     assert "execution" not in stored.cells[0].metadata  # no timing noise in stored solutions
+    # The run's records travel with the outputs: the solution's reference figures.
+    [kept] = stored.metadata["tinyllama"]["records"]
+    assert kept["notebook"] == "00_ok" and kept["figures"]["answer"] == 42 and "user" not in kept
     # Only this run's figures are summarised, although the results file may hold older records.
     assert len(pd.read_csv(output / "summary.csv")) == 3
 
