@@ -49,11 +49,14 @@ def test_checklist_reports_measured_effects_and_names_the_missing_notebook():
                  ("17_v1_to_v4", "v4_compile_speedup", 9.5, T1))
     checks = dashboard.checklist(mine)
     assert checks.loc["Mixed precision (bf16/fp16)", "yours (best x)"] == 3.0
-    assert "3 x (10: TinyLLaMA V1 training step, bf16 over fp32)" in checks.loc["Mixed precision (bf16/fp16)", "yours"]
+    assert "3x (10: TinyLLaMA V1 training step, bf16 over fp32)" in checks.loc["Mixed precision (bf16/fp16)", "yours"]
     # The matmul rate is a micro-benchmark: shown, marked, and left out of the whole-step column.
-    assert "8 x (00: matmul rate, TF32 over fp32 [kernel])" in checks.loc["TF32 matmuls", "yours"]
+    assert "8x (00: matmul rate, TF32 over fp32 [kernel])" in checks.loc["TF32 matmuls", "yours"]
     assert checks.loc["TF32 matmuls", "yours (best x)"] == 2.0
     assert checks.loc["Batch size", "yours"] == "not measured yet: run notebook 01"
+    assert checks.loc["CUDA graphs", "yours"] == "not measured yet: run notebook 14"
+    ran = dashboard.checklist(table(("01_inference_baseline", "fp32_throughput", 100.0, T1)))
+    assert ran.loc["Batch size", "yours"] == "not in the records of notebook 01: run it again"
     assert math.isnan(checks.loc["Batch size", "yours (best x)"])
     # A later notebook joins a row by its figure's name.
     assert checks.loc["torch.compile", "yours (best x)"] == 9.5
@@ -67,8 +70,8 @@ def test_checklist_measures_with_named_figures():
                  ("13_triton_basics", "timed_dtype", "fp32", T1), ("13_triton_basics", "rmsnorm_mine_fp32_tbs", 2.0, T1),
                  ("13_triton_basics", "rmsnorm_eager_fp32_tbs", 0.5, T1))
     checks = dashboard.checklist(mine)
-    assert "3.6 x (05: ResNet-50 throughput, 4 processes over one (cuda))" in checks.loc["Several GPUs (data parallel)", "yours"]
-    assert "4 x (13: your RMSNorm kernel over eager PyTorch (fp32, bandwidth) [kernel])" in \
+    assert "3.6x (05: ResNet-50 throughput, 4 processes over one (cuda))" in checks.loc["Several GPUs (data parallel)", "yours"]
+    assert "4x (13: your RMSNorm kernel over eager PyTorch (fp32, bandwidth) [kernel])" in \
         checks.loc["Triton kernels (V3)", "yours"]
 
 

@@ -242,12 +242,15 @@ def checklist(mine: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.D
         for column, source in (("yours", figures), ("reference", reference_figures)):
             effects = _effects(item, source)
             if effects:
-                row[column] = "; ".join(f"{factor:.3g} {unit} ({notebook_number(nb)}: {label}"
+                row[column] = "; ".join(f"{factor:.3g}{unit} ({notebook_number(nb)}: {label}"
                                         f"{' [kernel]' if kernel else ''})" for nb, label, factor, unit, kernel in effects)
             elif item.elsewhere:
                 row[column] = item.elsewhere
             else:
-                row[column] = "not measured yet: run notebook " + " or ".join(m.notebook for m in item.measures)
+                wanted = sorted({m.notebook for m in item.measures})
+                ran = [nb for nb in wanted if any(notebook_number(name) == nb for name in source)]
+                row[column] = (f"not in the records of notebook {' or '.join(ran)}: run it again" if ran else
+                               "not measured yet: run notebook " + " or ".join(wanted))
             speeds = [factor for _, _, factor, unit, kernel in effects if unit == "x" and not kernel]
             row[f"{column} (best x)"] = max(speeds) if speeds else math.nan
         rows.append(row)
