@@ -189,7 +189,8 @@ CHECKLIST: tuple[ChecklistItem, ...] = (
                               _ratio("math_saved_mib_at_predict_seq", "flash_saved_mib_at_predict_seq"),
                               unit="x less memory", kernel=True)), pattern=r"sdpa|attention|flash"),
     ChecklistItem("torch.compile", "torch.compile the model (per block or whole); report the compile time apart", (
-        Measure("06", "ResNet-50 inference, best mode ({best_compile_mode}) over eager", _figure("best_compile_speedup")),
+        Measure("06", "ResNet-50 inference, best mode ({best_compile_mode}) over eager",
+                _figure("best_compile_speedup")),
         Measure("06", "ResNet-50 inference in half precision, compiled over eager", _compiled_over_eager_half)),
         pattern=r"compile|v4"),
     ChecklistItem("CUDA graphs", "replay captured graphs (mode='reduce-overhead', torch.cuda.graphs) when the "
@@ -200,7 +201,8 @@ CHECKLIST: tuple[ChecklistItem, ...] = (
                               _ratio("ours_ms_eager_longest", "ours_ms_graph_longest"), kernel=True)),
                   pattern=r"graph|reduce_overhead"),
     ChecklistItem("Several GPUs (data parallel)", "torchrun with one process per GPU; keep the per-GPU batch", (
-        Measure("05", "ResNet-50 throughput, {scaling_max_processes} processes over one ({scaling_device})", _scaling),),
+        Measure("05", "ResNet-50 throughput, {scaling_max_processes} processes over one ({scaling_device})",
+                _scaling),),
         pattern=r"gpus|processes|ddp|fsdp"),
 )
 
@@ -243,7 +245,8 @@ def checklist(mine: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.D
             effects = _effects(item, source)
             if effects:
                 row[column] = "; ".join(f"{factor:.3g}{unit} ({notebook_number(nb)}: {label}"
-                                        f"{' [kernel]' if kernel else ''})" for nb, label, factor, unit, kernel in effects)
+                                        f"{' [kernel]' if kernel else ''})"
+                                        for nb, label, factor, unit, kernel in effects)
             elif item.elsewhere:
                 row[column] = item.elsewhere
             else:
