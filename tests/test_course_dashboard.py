@@ -37,7 +37,8 @@ def test_latest_value_wins_and_sides_line_up():
 def test_speedups_leave_out_predictions_and_a_precision_over_itself():
     mine = table(("02_precision", "fp32_speedup_vs_fp32", 1.0, T1), ("02_precision", "fp16_speedup_vs_fp32", 1.4, T1),
                  ("11_finding_bottlenecks", "predicted_speedup_compile", 3.0, T1),
-                 ("12_fusion", "v2_over_v1_fp32_eager", 0.99, T1), ("12_fusion", "verdict_qkv", "faster", T1))
+                 ("12_fusion", "v2_over_v1_fp32_eager", 0.99, T1), ("12_fusion", "verdict_qkv", "faster", T1),
+                 ("16_sdpa_and_compile", "compile_speedup", 0.0, T1))
     assert set(dashboard.speedups(mine).figure) == {"fp16_speedup_vs_fp32", "v2_over_v1_fp32_eager"}
     assert dashboard.speedups(results.records_table([])).empty
 

@@ -76,8 +76,9 @@ def is_speedup(figure: str) -> bool:
 def speedups(table: pd.DataFrame) -> pd.DataFrame:
     """The latest measured speed-ups of a results table (predictions left out): notebook, figure, value."""
     latest = latest_values(table)
-    keep = pd.Series([is_speedup(f) and is_number(v) for f, v in zip(latest["figure"], latest["value"])],
-                     index=latest.index, dtype=bool)
+    # A speed-up is a positive ratio; a zero or negative one is not a measurement (and has no logarithm).
+    keep = pd.Series([is_speedup(f) and is_number(v) and float(v) > 0
+                      for f, v in zip(latest["figure"], latest["value"])], index=latest.index, dtype=bool)
     chosen = latest.loc[keep, ["notebook", "figure", "value"]].copy()
     chosen["value"] = chosen["value"].astype(float)
     return chosen.reset_index(drop=True)
