@@ -72,6 +72,9 @@ def test_selected_notebook_runs_cleanly_and_can_store_its_outputs(solutions, tmp
     assert stored.cells[0].outputs[-1].text.endswith("\nrecorded\n")
     assert "execution" not in stored.cells[0].metadata  # no timing noise in stored solutions
     assert stored.metadata.kernelspec == KERNELSPEC_COURSE  # the stored notebook still names its own kernel
+    # The run's records travel with the outputs: the solution's reference figures.
+    [kept] = stored.metadata["tinyllama"]["records"]
+    assert kept["notebook"] == "00_ok" and kept["figures"]["answer"] == 42 and "user" not in kept
     # Only this run's figures are summarised, although the results file may hold older records.
     assert len(pd.read_csv(output / "summary.csv")) == 3
 

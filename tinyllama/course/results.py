@@ -159,8 +159,13 @@ def load_results(directory: str | os.PathLike[str] | None = None) -> pd.DataFram
     ``df.pivot_table(index="notebook", columns="figure", values="value", aggfunc="last")`` gives the
     latest value of each figure per notebook.
     """
+    return records_table(read_records(directory))
+
+
+def records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """Records (as :func:`read_records` returns them) as the long table of :func:`load_results`."""
     rows = []
-    for entry in read_records(directory):
+    for entry in records:
         environment = entry.get("environment") or {}
         for figure, value in entry["figures"].items():
             rows.append({

@@ -5,8 +5,10 @@
 Each notebook runs top to bottom in a fresh kernel (nbclient) with failed checkpoints raising
 (``WORKSHOP_STRICT=1``). The executed copies go to ``DIR`` (default: a new folder under the results
 directory), together with ``summary.md`` and ``summary.csv``: every figure the notebooks recorded in
-this run. The exit status is 1 when a notebook failed. ``--update-solutions`` stores the fresh
-outputs in ``solutions/`` (how the reference outputs of a GPU run are kept).
+this run. Each executed copy keeps in its metadata the records its notebook appended in this run
+(:mod:`tinyllama.course.reference`). The exit status is 1 when a notebook failed.
+``--update-solutions`` stores the fresh outputs, with those records, in ``solutions/`` (how the reference
+outputs and figures of a GPU run are kept).
 
 Each notebook runs in the kernel it names, the course's (``bash course.sh kernel`` registers it), or
 in ``--kernel-name``; where the course's kernel is not registered, in Jupyter's ``python3`` kernel,
@@ -34,7 +36,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from tqdm.auto import tqdm
 
-from tinyllama.course import checkpoints, results
+from tinyllama.course import checkpoints, reference, results
 from tinyllama.course.jupyter_setup import KERNEL_NAME, registered_kernels
 from tinyllama.course.profile import ENV_VARIABLE as PROFILE_VARIABLE
 from tinyllama.course.profile import select_profile
@@ -118,9 +120,11 @@ def _first_line(error: BaseException) -> str:
     return lines[-1][:300] if lines else type(error).__name__
 
 
-def run_notebook(path: Path, output: Path, timeout: int, kernel_name: str | None) -> Outcome:
+def run_notebook(path: Path, output: Path, timeout: int, kernel_name: str | None,
+                 run_id: str | None = None) -> Outcome:
     """Execute ``path`` in a fresh kernel, with cells run from its own folder; write the executed copy
-    (also when it fails, so the error can be read there)."""
+    (also when it fails, so the error can be read there). With ``run_id``, the records the notebook
+    appended in this run go into the copy's metadata (the reference figures of the solutions)."""
     nb = nbformat.read(path, as_version=4)
     code_cells = sum(1 for cell in nb.cells if cell.cell_type == "code")
     progress = tqdm(total=code_cells, desc=path.stem, unit="cell", leave=True)
@@ -139,6 +143,9 @@ def run_notebook(path: Path, output: Path, timeout: int, kernel_name: str | None
         error = f"{type(exc).__name__}: {_first_line(exc)}"
     finally:
         progress.close()
+    if run_id is not None:
+        reference.attach_records(nb, [entry for entry in results.read_records()
+                                      if entry.get("run_id") == run_id and entry.get("notebook") == path.stem])
     executed = output / path.name
     nbformat.write(nb, executed)
     return Outcome(path.stem, not error, time.perf_counter() - began, error, executed)
@@ -225,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             if note and note not in notes:
                 print(note, flush=True)
                 notes.add(note)
-            outcome = run_notebook(path, output, args.timeout, kernel)
+            outcome = run_notebook(path, output, args.timeout, kernel, run_id)
             outcomes.append(outcome)
             print(f"{'ok    ' if outcome.ok else 'FAILED'} {outcome.notebook} ({outcome.seconds:.0f} s)"
                   + (f": {outcome.error}" if outcome.error else ""), flush=True)
