@@ -74,6 +74,9 @@ class Profile:
     debug_batch_size: int
     debug_seq_len: int
     debug_profiled_steps: int
+    # 16_sdpa_and_compile: training steps the profiler records per version (operators, launches); the
+    # compile modes come from compile_modes (a CPU compiles one: its C++ kernels take gcc minutes).
+    compile_profiled_steps: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -123,6 +126,8 @@ PROFILES: dict[str, Profile] = {
         debug_batch_size=16,
         debug_seq_len=512,
         debug_profiled_steps=3,
+        # 16_sdpa_and_compile
+        compile_profiled_steps=3,
     ),
     "ci": Profile(
         name="ci",
@@ -166,6 +171,8 @@ PROFILES: dict[str, Profile] = {
         debug_batch_size=1,
         debug_seq_len=12,
         debug_profiled_steps=1,
+        # 16_sdpa_and_compile
+        compile_profiled_steps=1,
     ),
 }
 
