@@ -61,7 +61,7 @@ def test_the_reference_answers_pass(notebook):
 
 
 @pytest.mark.parametrize("mistake", [
-    # the CPU's operator tested after the GPU flash operator it starts like: the CPU profile reads "flash"
+    # the CPU's operator left out: it starts like the GPU flash operator, so a CPU profile reads "flash"
     ('(("aten::_scaled_dot_product_flash_attention_for_cpu", "flash (CPU)"),\n', "("),
     # kernel names instead of operators: cuDNN's Hopper kernel has "flash" in its name
     ("if any(name.startswith(operator) for name in names):",
@@ -82,10 +82,10 @@ def test_a_reader_that_matches_kernel_substrings_fails():
 
 
 @pytest.mark.parametrize("mistake", [
-    ('"aten::mm": "same"', '"aten::mm": "fewer"'),  # GEMMs thought fused
-    ('"aten::rsqrt": "fewer"', '"aten::rsqrt": "gone"'),  # the final norm forgotten: it stays eager
-    ('"aten::scaled_dot_product_attention": "gone"', '"aten::scaled_dot_product_attention": "same"'),
-    ('    "aten::embedding": "same",\n', ""),  # a required operator left out
+    ('["aten::mm"] = "same"', '["aten::mm"] = "fewer"'),  # GEMMs thought fused
+    ('["aten::rsqrt"] = "fewer"', '["aten::rsqrt"] = "gone"'),  # the final norm forgotten: it stays eager
+    ('["aten::scaled_dot_product_attention"] = "gone"', '["aten::scaled_dot_product_attention"] = "same"'),
+    ('predicted_fates["aten::embedding"] = "same"\n', ""),  # a required operator left without a prediction
 ])
 def test_operator_fate_mistakes_fail(notebook, mistake):
     nb, found = notebook

@@ -158,7 +158,8 @@ def compiled_calls(code: str, graph: str = "graph") -> list[CompiledCall]:
     the library calls it kept (with the operators of the comment above them)."""
     definitions = _definition_ops(code)
     lines = code.splitlines()
-    start = next((i for i, line in enumerate(lines) if re.match(r"\s+def call\(self, args\)|def call\(args\)", line)), None)
+    header = re.compile(r"\s+def call\(self, args\)|def call\(args\)")  # a Runner method (torch >= 2.9) or a function
+    start = next((i for i, line in enumerate(lines) if header.match(line)), None)
     if start is None:
         return []
     calls: list[CompiledCall] = []
