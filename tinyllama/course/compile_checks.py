@@ -148,4 +148,4 @@ def describe_break_even(steps: float, compiled_ms: float) -> str:
 
 
 __all__ = ["BACKEND_CASES", "BREAK_EVEN_CASES", "FATES", "check_backend_reader", "check_break_even",
-           "check_operator_fates", "describe_break_even", "checkpoint"]
+           "check_operator_fates", "describe_break_even"]

@@ -7,7 +7,10 @@
   and the cross-check between them;
 - :mod:`~tinyllama.profiling.vendor`: rocprofv3, rocprof-sys, rocprof-compute, nsys and ncu (detection,
   command lines, output parsers): the one place that knows about vendor tools;
-- :mod:`~tinyllama.profiling.roofline`: measured roofs, operator and kernel points, the roofline plot.
+- :mod:`~tinyllama.profiling.roofline`: measured roofs, operator and kernel points, the roofline plot;
+- :mod:`~tinyllama.profiling.compiled`: what ``torch.compile`` did: the calls of Inductor's generated code
+  (kernels with the operators they fused, library calls kept), cold and warm first calls, operator fates
+  and launches per step, the break-even point of a compile (imported as a module, ``profiling.compiled``).
 """
 
 from tinyllama.profiling.flops import (
