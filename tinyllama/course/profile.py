@@ -79,6 +79,9 @@ class Profile:
     roofline_ncu_launches: int
     roofline_compile_v4: bool
     roofline_profiled_steps: int  # steps the profiler records per version (after one warm-up step)
+    # 16_sdpa_and_compile: training steps the profiler records per version (operators, launches); the
+    # compile modes come from compile_modes (a CPU compiles one: its C++ kernels take gcc minutes).
+    compile_profiled_steps: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -132,6 +135,8 @@ PROFILES: dict[str, Profile] = {
         roofline_ncu_launches=30,
         roofline_compile_v4=True,
         roofline_profiled_steps=3,
+        # 16_sdpa_and_compile
+        compile_profiled_steps=3,
     ),
     "ci": Profile(
         name="ci",
@@ -179,6 +184,8 @@ PROFILES: dict[str, Profile] = {
         roofline_ncu_launches=10,
         roofline_compile_v4=False,
         roofline_profiled_steps=1,
+        # 16_sdpa_and_compile
+        compile_profiled_steps=1,
     ),
 }
 

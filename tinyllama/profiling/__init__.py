@@ -10,6 +10,9 @@
 - :mod:`~tinyllama.profiling.roofline`: measured roofs, operator and kernel points, the roofline plot;
 - :mod:`~tinyllama.profiling.vendor_roofline`: the vendor's roofline of a few kernels of a step (``ncu``,
   ``rocprof-compute``), or the command lines where the tool is missing.
+- :mod:`~tinyllama.profiling.compiled`: what ``torch.compile`` did: the calls of Inductor's generated code
+  (kernels with the operators they fused, library calls kept), cold and warm first calls, operator fates
+  and launches per step, the break-even point of a compile (imported as a module, ``profiling.compiled``).
 """
 
 from tinyllama.profiling.flops import (

@@ -86,8 +86,9 @@ def categorize(name: str) -> str:
 
 # Kernels that torch.compile (Inductor) generates: ``triton_poi_fused_*`` (point-wise), ``triton_red_fused_*``
 # and ``triton_per_fused_*`` (reductions), ``triton_tem_fused_*`` (templates: matmul with fused epilogue),
-# ``cpp_fused_*`` on a CPU. Inductor wraps each launch in a profiler range of the kernel's own name.
-_FUSED_KERNEL = re.compile(r"^(triton|cpp)_(poi|red|per|tem|for|mix)_|^triton_.*fused")
+# ``cpp_fused_*`` on a CPU (recorded as ``graph_N_cpp_fused_*`` when Inductor's ``cpp.enable_kernel_profile``
+# is on). Inductor wraps each launch in a profiler range of the kernel's own name.
+_FUSED_KERNEL = re.compile(r"^(graph_\d+_)?((triton|cpp)_(poi|red|per|tem|for|mix)_|triton_.*fused|cpp_fused_)")
 
 
 def is_fused_kernel(name: str) -> bool:

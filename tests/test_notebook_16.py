@@ -1,0 +1,114 @@
+"""Notebook 16's exercise checks catch plausible wrong answers: each check cell of the solution notebook is
+run on the reference answer (it passes) and on an answer with one typical mistake (it fails, under
+WORKSHOP_STRICT=1). The operator counts are those of a V4 step at the ci preset on a CPU (eager, then
+compiled), as the profiler gave them."""
+
+import math
+
+import nbformat
+import pandas as pd
+import pytest
+
+from tinyllama import course
+from tinyllama.course import compile_checks
+from tinyllama.course.checkpoints import CheckpointFailed
+from tinyllama.course.make_notebooks import exercises
+from tinyllama.course.results import checkout_root
+
+PATH = checkout_root() / "solutions" / "16_sdpa_and_compile.ipynb"
+SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
+EAGER_CALLS = pd.Series({"aten::mm": 27.0, SDPA_CPU: 2.0, "aten::scaled_dot_product_attention": 2.0, "aten::silu": 2.0,
+                         "aten::rsqrt": 5.0, "aten::embedding": 1.0, "aten::mul": 72.0, "aten::cat": 8.0})
+COMPILED_CALLS = pd.Series({"aten::mm": 27.0, SDPA_CPU: 2.0, "aten::rsqrt": 1.0, "aten::embedding": 1.0,
+                            "aten::mul": 10.0})
+PROFILE_NAMES = ["aten::scaled_dot_product_attention", SDPA_CPU, "aten::mm", "cpp_fused_add_0"]
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    nb = nbformat.read(PATH, as_version=4)
+    return nb, exercises(nb, PATH.stem)
+
+
+def _namespace():
+    return {"math": math, "course": course, "pd": pd, "eager_calls": EAGER_CALLS, "compiled_calls": COMPILED_CALLS,
+            "sdpa_operator": SDPA_CPU, "names": PROFILE_NAMES, **{n: getattr(compile_checks, n) for n in (
+                "check_backend_reader", "check_break_even", "check_operator_fates")}}
+
+
+def _run(nb, found, exercise, replace=None):
+    """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
+    index, _ = found[exercise]
+    source = nb.cells[index].source
+    if replace is not None:
+        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
+        source = source.replace(*replace)
+    namespace = _namespace()
+    exec(source, namespace)
+    exec(nb.cells[index + 1].source, namespace)
+
+
+@pytest.fixture(autouse=True)
+def strict(monkeypatch):
+    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+
+
+def test_the_reference_answers_pass(notebook):
+    nb, found = notebook
+    assert set(found) == {"16.1", "16.2", "16.3"}
+    for exercise in ("16.1", "16.2", "16.3"):
+        _run(nb, found, exercise)
+
+
+@pytest.mark.parametrize("mistake", [
+    # the CPU's operator left out: it starts like the GPU flash operator, so a CPU profile reads "flash"
+    ('(("aten::_scaled_dot_product_flash_attention_for_cpu", "flash (CPU)"),\n', "("),
+    # kernel names instead of operators: cuDNN's Hopper kernel has "flash" in its name
+    ("if any(name.startswith(operator) for name in names):",
+     "if any(operator.split('_scaled_dot_product_')[1].split('_')[0] in name for name in names):"),
+])
+def test_backend_reader_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "16.1", mistake)
+
+
+def test_a_reader_that_matches_kernel_substrings_fails():
+    def by_kernel(names):  # a plausible first try: look for "flash" anywhere
+        text = " ".join(names).lower()
+        return "flash" if "flash" in text else "cuDNN" if "cudnn" in text else "math"
+    with pytest.raises(CheckpointFailed):
+        compile_checks.check_backend_reader(by_kernel, PROFILE_NAMES)
+
+
+@pytest.mark.parametrize("mistake", [
+    ('["aten::mm"] = "same"', '["aten::mm"] = "fewer"'),  # GEMMs thought fused
+    ('["aten::rsqrt"] = "fewer"', '["aten::rsqrt"] = "gone"'),  # the final norm forgotten: it stays eager
+    ('["aten::scaled_dot_product_attention"] = "gone"', '["aten::scaled_dot_product_attention"] = "same"'),
+    ('predicted_fates["aten::embedding"] = "same"\n', ""),  # a required operator left without a prediction
+])
+def test_operator_fate_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "16.2", mistake)
+
+
+def test_an_operator_not_in_the_eager_step_is_refused():
+    with pytest.raises(CheckpointFailed):
+        compile_checks.check_operator_fates({"aten::bmm": "same"}, EAGER_CALLS, COMPILED_CALLS)
+
+
+@pytest.mark.parametrize("mistake", [
+    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = eager_ms - compiled_ms"),  # seconds against milliseconds
+    ("if saved_s > 0 else math.inf", "if saved_s != 0 else math.inf"),  # a slower compiled step gives a negative count
+    ("compile_s / saved_s", "saved_s / compile_s"),  # upside down
+])
+def test_break_even_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "16.3", mistake)
+
+
+def test_break_even_sentence():
+    assert "never pays" in compile_checks.describe_break_even(math.inf, 10.0)
+    assert "1,200 steps" in compile_checks.describe_break_even(1200.0, 25.0)
