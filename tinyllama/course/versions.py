@@ -116,14 +116,14 @@ def notebook_11_predictions(directory: str | None = None) -> dict[str, float]:
 def version_predictions(remedy_speedups: Mapping[str, float],
                         combine: Callable[[torch.Tensor], Any]) -> dict[str, float | None]:
     """Each version's predicted speed-up over V1: ``combine`` of the predicted speed-ups of the remedies
-    it applies (:data:`VERSION_REMEDIES`); ``None`` where one of them was not predicted."""
+    it applies (:data:`VERSION_REMEDIES`); ``None`` where one of them was not predicted, or where the
+    remedies together would save the whole step or more (they overlap: no finite prediction)."""
     out: dict[str, float | None] = {}
     for version, remedies in VERSION_REMEDIES.items():
+        value = None
         if all(r in remedy_speedups for r in remedies):
-            out[version] = float(combine(torch.tensor([float(remedy_speedups[r]) for r in remedies],
-                                                      dtype=torch.float64)))
-        else:
-            out[version] = None
+            value = float(combine(torch.tensor([float(remedy_speedups[r]) for r in remedies], dtype=torch.float64)))
+        out[version] = value if value is not None and math.isfinite(value) and value > 0 else None
     return out
 
 
