@@ -14,6 +14,7 @@ notebook's exercises (each names the likely mistake).
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable, Mapping
 
 import pandas as pd
@@ -229,7 +230,7 @@ def check_host_shares(host_shares: Callable[[pd.Series, pd.Series], pd.Series],
     """``host_shares(eager_ms, graphed_ms)`` (Series by version) is 1 - graphed / eager element by
     element, and ``most_host_bound(shares)`` names the version with the largest share, on random
     step times (the feedback names the likely mistake)."""
-    generator = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))  # fresh times each run
     graphed = pd.Series((torch.rand(4, generator=generator, dtype=torch.float64) * 200 + 5).tolist(), index=VERSIONS)
     eager = graphed * pd.Series((1 + torch.rand(4, generator=generator, dtype=torch.float64) * 2).tolist(),
                                 index=VERSIONS)
