@@ -78,17 +78,30 @@ def _run(nb, found, exercise, replace=None, namespace=None):
     return namespace
 
 
-def test_the_notebook_has_four_exercises(notebook):
+def test_the_notebook_has_six_exercises(notebook):
     _, found = notebook
-    assert set(found) == {"17.1", "17.2", "17.3", "17.4"}
+    assert set(found) == {"17.1", "17.2", "17.3", "17.4", "17.5", "17.6"}
 
 
 def test_the_reference_answers_pass(notebook):
     nb, found = notebook
+    table = versions.example_correctness_table()
     _run(nb, found, "17.1")
-    _run(nb, found, "17.2", namespace={"correctness": versions.example_correctness_table()})
-    _run(nb, found, "17.3")
+    tolerance = _run(nb, found, "17.2", namespace={"correctness": table})
+    _run(nb, found, "17.3", namespace={"correctness": table, "precision": "bf16",
+                                       "share_of_tolerance": tolerance["share_of_tolerance"]})
     _run(nb, found, "17.4")
+    _run(nb, found, "17.6")
+
+
+def test_reading_the_table_wrongly_fails(notebook):
+    nb, found = notebook
+    namespace = _run(nb, found, "17.2", namespace={"correctness": versions.example_correctness_table()})
+    for mistake in (("worst_run = shares.idxmax()[0]", "worst_run = 'v4:bf16'"),  # the largest absolute error
+                    ("within_tolerance = bool((shares <= 1.0).all())", "within_tolerance = False")):
+        with pytest.raises(CheckpointFailed):
+            _run(nb, found, "17.3", mistake, namespace={"correctness": namespace["correctness"], "precision": "bf16",
+                                                        "share_of_tolerance": namespace["share_of_tolerance"]})
 
 
 @pytest.mark.parametrize("mistake", [
@@ -145,7 +158,7 @@ def test_worst_run_is_the_one_nearest_its_tolerance_not_the_largest_error():
 def test_flops_per_token_mistakes_fail(notebook, mistake):
     nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "17.3", mistake)
+        _run(nb, found, "17.4", mistake)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -156,30 +169,31 @@ def test_flops_per_token_mistakes_fail(notebook, mistake):
 def test_mfu_mistakes_fail_against_the_record(notebook, mistake):
     nb, found = notebook
     config = get_preset("medium").model
-    namespace, _ = _exec(nb, found, "17.3", mistake)
+    namespace, _ = _exec(nb, found, "17.5", mistake)
     record = _record(config, 16, 512)
     with pytest.raises(CheckpointFailed):
-        versions.check_mfu_from_tokens(namespace["mfu_from_tokens"], record, namespace["flops_per_token"](config, 512))
+        versions.check_mfu_from_tokens(namespace["mfu_from_tokens"], record, model_flops.training_flops(config, 1, 512) / 512)
 
 
 def test_mfu_from_the_reference_answer_matches_compare(notebook):
     nb, found = notebook
     config = get_preset("medium").model
-    namespace, _ = _exec(nb, found, "17.3")
-    assert versions.check_mfu_from_tokens(namespace["mfu_from_tokens"], _record(config, 16, 512),
-                                          namespace["flops_per_token"](config, 512))
+    flops, _ = _exec(nb, found, "17.4")
+    mfu, _ = _exec(nb, found, "17.5")
+    assert versions.check_mfu_from_tokens(mfu["mfu_from_tokens"], _record(config, 16, 512),
+                                          flops["flops_per_token"](config, 512))
 
 
 @pytest.mark.parametrize("mistake", [
     ("return 1.0 - graphed_ms / eager_ms", "return graphed_ms / eager_ms"),  # the GPU's share
     ("return 1.0 - graphed_ms / eager_ms", "return 100 * (1.0 - graphed_ms / eager_ms)"),
     ("return 1.0 - graphed_ms / eager_ms", "return (eager_ms - graphed_ms) / graphed_ms"),
-    ("return shares.idxmax()", "return shares.idxmin()"),
+    ("return 1.0 - graphed_ms / eager_ms", "return float((1.0 - graphed_ms / eager_ms).mean())"),
 ])
 def test_host_share_mistakes_fail(notebook, mistake):
     nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "17.4", mistake)
+        _run(nb, found, "17.6", mistake)
 
 
 def test_version_runs_parse_and_put_the_baseline_first():
