@@ -7,8 +7,10 @@ notebook's exercises (each names the likely mistake).
 - :func:`correctness_table`, :func:`version_table`: one row per check, one row per version;
 - :data:`VERSION_REMEDIES`, :func:`notebook_11_predictions`, :func:`version_predictions`: which of
   notebook 11's remedies each version applies, and the combined prediction;
-- :func:`check_combined_speedup`, :func:`check_flops_per_token`, :func:`check_mfu_from_tokens`,
-  :func:`check_host_shares`, :func:`check_tolerance_shares`: the exercises' checks.
+- :func:`check_combined_speedup` (17.1), :func:`check_tolerance_shares` (17.2), :func:`check_worst_run`
+  (17.3), :func:`check_flops_per_token` (17.4), :func:`check_mfu_from_tokens` (17.5),
+  :func:`check_host_shares` (17.6): the exercises' checks; :func:`check_mfu_plausible`: an MFU is a
+  fraction of the ceiling.
 """
 
 from __future__ import annotations
