@@ -82,6 +82,11 @@ class Profile:
     # 16_sdpa_and_compile: training steps the profiler records per version (operators, launches); the
     # compile modes come from compile_modes (a CPU compiles one: its C++ kernels take gcc minutes).
     compile_profiled_steps: int
+    # 17_version_comparison: batch and sequence of the comparison of V1-V4 (on a CPU the Triton interpreter
+    # runs V3's kernels: one short sequence), and the timed steps of each run.
+    versions_batch_size: int
+    versions_seq_len: int
+    versions_steps: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -137,6 +142,10 @@ PROFILES: dict[str, Profile] = {
         roofline_profiled_steps=3,
         # 16_sdpa_and_compile
         compile_profiled_steps=3,
+        # 17_version_comparison: the medium preset's own batch and sequence
+        versions_batch_size=16,
+        versions_seq_len=512,
+        versions_steps=20,
     ),
     "ci": Profile(
         name="ci",
@@ -186,6 +195,10 @@ PROFILES: dict[str, Profile] = {
         roofline_profiled_steps=1,
         # 16_sdpa_and_compile
         compile_profiled_steps=1,
+        # 17_version_comparison: one short sequence (interpreted kernels: V3's step takes seconds)
+        versions_batch_size=1,
+        versions_seq_len=12,
+        versions_steps=2,
     ),
 }
 

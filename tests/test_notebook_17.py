@@ -1,0 +1,247 @@
+"""Notebook 17 (V1-V4 side by side): its exercise checks pass the reference answers and fail answers with
+one typical mistake (under WORKSHOP_STRICT=1), and its helpers read a comparison record and notebook 11's
+predictions as the notebook expects."""
+
+import math
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+
+from tinyllama import course
+from tinyllama import flops as model_flops
+from tinyllama.comparison.parity import TOLERANCES
+from tinyllama.comparison.runs import parse_run
+from tinyllama.config import get_preset
+from tinyllama.course import versions
+from tinyllama.course.checkpoints import CheckpointFailed
+from tinyllama.course.make_notebooks import exercises
+from tinyllama.course.results import checkout_root
+
+PATH = checkout_root() / "solutions" / "17_version_comparison.ipynb"
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    nb = nbformat.read(PATH, as_version=4)
+    return nb, exercises(nb, PATH.stem)
+
+
+@pytest.fixture(autouse=True)
+def strict(monkeypatch):
+    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+
+
+def _run_record(label, step_ms, ceiling=100.0, tokens=8 * 64, flops_per_step=6.0e12, **extra):
+    spec = parse_run(label)
+    return {"label": label, "version": spec.version, "precision": spec.precision, "options": dict(spec.options),
+            "check": "passed", "step_ms_median": step_ms, "step_ms_p10": 0.95 * step_ms, "step_ms_p90": 1.1 * step_ms,
+            "tokens_per_s": tokens / (step_ms / 1e3), "peak_memory_mib": 1000.0,
+            "achieved_tflops": flops_per_step / (step_ms / 1e3) / 1e12, "ceiling_tflops": ceiling,
+            "mfu_measured": flops_per_step / (step_ms / 1e3) / 1e12 / ceiling,
+            "check_logits_error": 1e-7, "check_loss_error": 1e-8, "check_gradient_error": 2e-7, **extra}
+
+
+def _record(config, batch, seq, graphs=True):
+    """A comparison record as compare writes it, with figures that follow from the model FLOPs."""
+    flops = model_flops.training_flops(config, batch, seq)
+    times = {"v1:fp32": 240.0, "v1:bf16": 60.0, "v2:bf16": 55.0, "v3:bf16": 53.0, "v4:bf16": 28.0,
+             "v1[cuda_graph=1]:bf16": 57.0, "v2[cuda_graph=1]:bf16": 52.0, "v3[cuda_graph=1]:bf16": 24.0,
+             "v4[cuda_graph=1]:bf16": 23.0}
+    runs = []
+    for label in versions.version_runs("bf16", graphs):
+        own = {} if label.endswith("fp32") else {"check_logits_error_own_precision": 1e-2,
+                                                  "check_loss_error_own_precision": 2e-3,
+                                                  "check_gradient_error_own_precision": 3e-2}
+        runs.append(_run_record(label, times[label], ceiling=50.0 if label.endswith("fp32") else 750.0,
+                                tokens=batch * seq, flops_per_step=flops, **own))
+    return {"runs": runs}
+
+
+def _exec(nb, found, exercise, replace=None, namespace=None):
+    index, _ = found[exercise]
+    source = nb.cells[index].source
+    if replace is not None:
+        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
+        source = source.replace(*replace)
+    namespace = {"torch": torch, "pd": pd, "math": math, "course": course, "versions": versions,
+                 "model_flops": model_flops, **(namespace or {})}
+    exec(source, namespace)
+    return namespace, nb.cells[index + 1].source
+
+
+def _run(nb, found, exercise, replace=None, namespace=None):
+    """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
+    namespace, check = _exec(nb, found, exercise, replace, namespace)
+    exec(check, namespace)
+    return namespace
+
+
+def test_the_notebook_has_six_exercises(notebook):
+    _, found = notebook
+    assert set(found) == {"17.1", "17.2", "17.3", "17.4", "17.5", "17.6"}
+
+
+def test_the_reference_answers_pass(notebook):
+    nb, found = notebook
+    table = versions.example_correctness_table()
+    _run(nb, found, "17.1")
+    tolerance = _run(nb, found, "17.2", namespace={"correctness": table})
+    _run(nb, found, "17.3", namespace={"correctness": table, "precision": "bf16",
+                                       "share_of_tolerance": tolerance["share_of_tolerance"]})
+    _run(nb, found, "17.4")
+    _run(nb, found, "17.6")
+
+
+def test_reading_the_table_wrongly_fails(notebook):
+    nb, found = notebook
+    namespace = _run(nb, found, "17.2", namespace={"correctness": versions.example_correctness_table()})
+    for mistake in (("worst_run = shares.idxmax()[0]", "worst_run = 'v4:bf16'"),  # the largest absolute error
+                    ("within_tolerance = bool((shares <= 1.0).all())", "within_tolerance = False")):
+        with pytest.raises(CheckpointFailed):
+            _run(nb, found, "17.3", mistake, namespace={"correctness": namespace["correctness"], "precision": "bf16",
+                                                        "share_of_tolerance": namespace["share_of_tolerance"]})
+
+
+@pytest.mark.parametrize("mistake", [
+    ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)", "return speedups.prod()"),  # multiplied
+    ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)", "return speedups.sum()"),
+    ("(1.0 - 1.0 / speedups).sum()", "(1.0 - 1.0 / speedups).max()"),  # only the largest remedy counted
+])
+def test_combined_speedup_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "17.1", mistake)
+
+
+def test_multiplying_the_speedups_is_named(notebook, capsys, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_STRICT", "0")
+    nb, found = notebook
+    _run(nb, found, "17.1", ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)",
+                             "return speedups.prod()"))
+    assert "multiplies the speed-ups" in capsys.readouterr().out
+
+
+def test_combined_speedup_is_amdahl_for_disjoint_parts():
+    # 1.25x saves 20% of the step, 2x saves 50%: together 70%, a step 1/0.3 times faster.
+    assert versions._combined_reference(torch.tensor([1.25, 2.0], dtype=torch.float64)).item() == pytest.approx(1 / 0.3)
+
+
+@pytest.mark.parametrize("mistake", [
+    ("/ table[f\"{name} tolerance\"]", ""),  # absolute errors: the bf16 row looks worst
+    ("return shares.max(axis=1)", "return shares.mean(axis=1)"),
+])
+def test_share_of_tolerance_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "17.2", mistake, namespace={"correctness": versions.example_correctness_table()})
+
+
+def test_worst_run_is_the_one_nearest_its_tolerance_not_the_largest_error():
+    table = versions.example_correctness_table()
+    assert versions.check_worst_run("v2:fp32", True, table)
+    with pytest.raises(CheckpointFailed):
+        versions.check_worst_run("v4:bf16", True, table)  # the largest absolute error, far inside bf16's tolerance
+    over = table.copy()
+    over.loc[("v4:bf16", "bf16"), "gradient error"] = 0.5
+    with pytest.raises(CheckpointFailed):
+        versions.check_worst_run("v4:bf16", True, over)  # now beyond its tolerance: within must be False
+    assert versions.check_worst_run("v4:bf16", False, over)
+
+
+@pytest.mark.parametrize("mistake", [
+    ("return 3 * forward", "return forward"),  # forward only
+    ("forward = 2 * model_flops", "forward = model_flops"),  # multiply-adds as one FLOP (weights only)
+    ("+ config.num_layers * 2 * 2 * seq_len * config.hidden_dim", ""),  # no attention products
+])
+def test_flops_per_token_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "17.4", mistake)
+
+
+@pytest.mark.parametrize("mistake", [
+    ("/ (ceiling_tflops * 1e12)", "/ ceiling_tflops"),
+    ("return tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)",
+     "return 100 * tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)"),
+])
+def test_mfu_mistakes_fail_against_the_record(notebook, mistake):
+    nb, found = notebook
+    config = get_preset("medium").model
+    namespace, _ = _exec(nb, found, "17.5", mistake)
+    record = _record(config, 16, 512)
+    with pytest.raises(CheckpointFailed):
+        versions.check_mfu_from_tokens(namespace["mfu_from_tokens"], record, model_flops.training_flops(config, 1, 512) / 512)
+
+
+def test_mfu_from_the_reference_answer_matches_compare(notebook):
+    nb, found = notebook
+    config = get_preset("medium").model
+    flops, _ = _exec(nb, found, "17.4")
+    mfu, _ = _exec(nb, found, "17.5")
+    assert versions.check_mfu_from_tokens(mfu["mfu_from_tokens"], _record(config, 16, 512),
+                                          flops["flops_per_token"](config, 512))
+
+
+@pytest.mark.parametrize("mistake", [
+    ("return 1.0 - graphed_ms / eager_ms", "return graphed_ms / eager_ms"),  # the GPU's share
+    ("return 1.0 - graphed_ms / eager_ms", "return 100 * (1.0 - graphed_ms / eager_ms)"),
+    ("return 1.0 - graphed_ms / eager_ms", "return (eager_ms - graphed_ms) / graphed_ms"),
+    ("return 1.0 - graphed_ms / eager_ms", "return float((1.0 - graphed_ms / eager_ms).mean())"),
+])
+def test_host_share_mistakes_fail(notebook, mistake):
+    nb, found = notebook
+    with pytest.raises(CheckpointFailed):
+        _run(nb, found, "17.6", mistake)
+
+
+def test_version_runs_parse_and_put_the_baseline_first():
+    gpu = versions.version_runs("bf16", graphs=True)
+    assert gpu[0] == "v1:fp32" and len(gpu) == 9
+    assert all(parse_run(label).label == label for label in gpu)
+    assert [parse_run(label).cuda_graph for label in gpu].count(True) == 4
+    assert versions.version_runs("fp32", graphs=False) == ["v1:fp32", "v2:fp32", "v3:fp32", "v4:fp32"]
+
+
+def test_version_table_reads_eager_and_graphed_rows():
+    config = get_preset("medium").model
+    table = versions.version_table(_record(config, 16, 512), "bf16")
+    assert list(table.index) == ["v1", "v2", "v3", "v4"]
+    assert table.loc["v3", "eager ms"] == 53.0 and table.loc["v3", "graphed ms"] == 24.0
+    assert table.loc["v4", "speed-up over V1 bf16"] == pytest.approx(60.0 / 28.0)
+    assert table.loc["v4", "speed-up over V1 fp32"] == pytest.approx(240.0 / 28.0)
+    eager_only = versions.version_table(_record(config, 16, 512, graphs=False), "bf16")
+    assert eager_only["graphed ms"].isna().all() and eager_only["eager ms"].notna().all()
+
+
+def test_a_run_that_failed_its_check_has_no_figures():
+    config = get_preset("medium").model
+    record = _record(config, 16, 512)
+    next(r for r in record["runs"] if r["label"] == "v3:bf16")["check"] = "failed"
+    table = versions.version_table(record, "bf16")
+    assert math.isnan(table.loc["v3", "eager ms"]) and math.isnan(table.loc["v3", "speed-up over V1 bf16"])
+
+
+def test_correctness_table_has_one_row_per_check_with_its_tolerance():
+    config = get_preset("medium").model
+    table = versions.correctness_table(_record(config, 16, 512))
+    assert ("v1:fp32", "fp32") in table.index and ("v1:fp32", "bf16") not in table.index
+    assert table.loc[("v4:bf16", "bf16"), "gradient tolerance"] == TOLERANCES["bf16"].gradients
+    assert table.loc[("v4:bf16", "fp32"), "logits tolerance"] == TOLERANCES["fp32"].logits
+    assert len(table) == 1 + 2 * 8
+
+
+def test_predictions_from_notebook_11_are_read_and_combined(tmp_path):
+    assert versions.notebook_11_predictions(directory=str(tmp_path)) == {}
+    course.record("11_finding_bottlenecks", {"predicted_speedup_fused_projections": 1.25,
+                                             "predicted_speedup_fused_kernels": 1.2,
+                                             "predicted_speedup_flash_attention": 1.5}, directory=tmp_path, quiet=True)
+    found = versions.notebook_11_predictions(directory=str(tmp_path))
+    assert found == {"fused_projections": 1.25, "fused_kernels": 1.2, "flash_attention": 1.5}
+    combined = versions.version_predictions(found, versions._combined_reference)
+    assert combined["v2"] == pytest.approx(1.25)
+    assert combined["v3"] == pytest.approx(1 / (1 - 0.2 - 1 / 6 - 1 / 3))  # savings 20% + 1/6 + 1/3 of V1's step
+    assert combined["v4"] is None  # compile was not predicted
+    overlapping = versions.version_predictions({**found, "fused_kernels": 4.0}, versions._combined_reference)
+    assert overlapping["v3"] is None  # the savings add up to more than the whole step
