@@ -40,3 +40,27 @@ def test_an_out_of_memory_configuration_is_recorded_and_the_sweep_goes_on(corpus
 def test_duplicate_names_are_refused(corpus):
     with pytest.raises(ValueError, match="unique"):
         run_sweep([RunConfig("a", preset="ci"), RunConfig("a", preset="ci")], corpus, steps=1, progress=False)
+
+
+def test_compare_with_measures_against_the_baseline_and_the_reference_loss():
+    import math
+
+    import pandas as pd
+
+    from tinyllama.sweep import compare_with
+
+    table = pd.DataFrame([
+        {"name": "base", "status": STATUS_OK, "step_ms": 100.0, "tokens_per_s": 1000.0, "peak_memory_mib": 50.0,
+         "estimated_peak_mib": 40.0, "eval_loss": 2.0},
+        {"name": "fast", "status": STATUS_OK, "step_ms": 50.0, "tokens_per_s": 1500.0, "peak_memory_mib": 100.0,
+         "estimated_peak_mib": 110.0, "eval_loss": 2.2},
+        {"name": "oom", "status": STATUS_OOM, "step_ms": math.nan, "tokens_per_s": math.nan, "peak_memory_mib": math.nan,
+         "estimated_peak_mib": 500.0, "eval_loss": math.nan},
+    ])
+    out = compare_with(table, table.iloc[0], reference_loss=2.0, tolerance=0.05).set_index("name")
+    assert out.loc["fast", "step_speedup"] == pytest.approx(2.0)
+    assert out.loc["fast", "throughput_speedup"] == pytest.approx(1.5)
+    assert out.loc["fast", "memory_ratio"] == pytest.approx(2.0)
+    assert out.loc["base", "estimate_error_pct"] == pytest.approx(-20.0)
+    assert out.loc["fast", "loss_change_pct"] == pytest.approx(10.0)
+    assert list(out["converged"]) == [True, False, False]

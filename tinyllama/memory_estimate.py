@@ -179,7 +179,7 @@ class MemoryEstimate:
     optimizer_states: int
     activations: int  # kept from the forward for the backward
     recompute: int  # one checkpointed block's activations, rebuilt during the backward (0 without)
-    backward_transient: int  # the loss's gradient with respect to the logits, alive at the start of the backward
+    backward_transient: int  # gradients alive beside the activations: the logits', and a math-path block's scores
     optimizer_transient: int  # temporaries of the (foreach) AdamW update
     terms: pd.DataFrame
 
@@ -197,7 +197,7 @@ class MemoryEstimate:
         rows = [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer states", self.optimizer_states), ("activations (saved for backward)", self.activations),
                 ("recomputed block (checkpointing)", self.recompute),
-                ("logits gradient (start of backward)", self.backward_transient),
+                ("backward temporaries (logits, scores)", self.backward_transient),
                 ("optimizer temporaries", self.optimizer_transient), ("peak (model)", self.peak_bytes())]
         return pd.DataFrame([{"kind": k, "mib": v / MIB} for k, v in rows])
 
@@ -211,11 +211,14 @@ def estimate_memory(config: ModelConfig, batch: int, seq: int, precision: str = 
     one_block = sum(block_terms(config, batch, seq, precision, layout).values())
     logits = batch * seq * config.vocab_size
     c = compute_bytes(precision)
+    # The math path's backward of one block also holds the gradients of its probabilities and scores
+    # (two fp32 S x S tensors per head) while the activations are still there.
+    scores_gradients = 2 * batch * config.num_heads * seq * seq * FP32 if layout.attention == "math" else 0
     return MemoryEstimate(
         parameters=params * FP32, gradients=params * FP32, optimizer_states=2 * params * FP32,
         activations=int(terms["bytes"].sum()), recompute=one_block if checkpointed_layers else 0,
         # d(loss)/d(log-probabilities) in fp32, and d(loss)/d(logits) in the compute dtype
-        backward_transient=logits * FP32 + logits * c,
+        backward_transient=logits * FP32 + logits * c + scores_gradients,
         # foreach AdamW: about one fp32 temporary per parameter; the fused kernel works in place
         optimizer_transient=0 if fused_optimizer else params * FP32,
         terms=terms,

@@ -31,6 +31,8 @@ from tinyllama.training import seed_everything
 
 STATUS_OK = "ok"
 STATUS_OOM = "out of memory"
+MEASURED = ("step_ms", "step_ms_p10", "step_ms_p90", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
+            "tokens_per_s", "peak_memory_mib", "train_loss", "eval_loss")
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
     row: dict[str, Any] = {"name": config.name, **{k: v for k, v in asdict(config).items() if k != "name"},
                            "effective_batch": config.effective_batch, "steps": steps, "status": STATUS_OK}
     row["model_options"] = dict(config.model_options)
+    # Every column exists in every row (NaN where a configuration ran out of memory).
+    row.update({column: math.nan for column in MEASURED})
+    row.update({"losses": [], "error": ""})
     model = None
     try:
         seed_everything(seed)  # the same initial weights for every configuration of a sweep
@@ -158,4 +163,28 @@ def run_sweep(configs: Sequence[RunConfig], corpus: Corpus, *, steps: int, warmu
     return pd.DataFrame(rows)
 
 
-__all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "evaluate", "run_config", "run_sweep"]
+def compare_with(table: pd.DataFrame, baseline: pd.Series | dict[str, Any], reference_loss: float,
+                 tolerance: float) -> pd.DataFrame:
+    """``table`` with each configuration measured against ``baseline`` (a row of a sweep, measured in
+    the same process) and its loss against ``reference_loss``:
+
+    - ``step_speedup``: baseline step time / this step time (per optimizer step, the guide's seconds
+      per iteration); ``throughput_speedup``: tokens/s over the baseline's (they differ when a
+      configuration changes the tokens per step, as a shorter sequence does);
+    - ``memory_ratio``: peak memory over the baseline's (NaN without allocator statistics, on a CPU);
+    - ``estimate_error_pct``: the estimated peak against the measured one;
+    - ``loss_change_pct`` and ``converged``: the held-out loss against ``reference_loss``, within
+      ``tolerance`` (relative) or not. Out-of-memory rows get NaN and ``converged`` False.
+    """
+    out = table.copy()
+    base = dict(baseline)
+    out["step_speedup"] = base["step_ms"] / out["step_ms"]
+    out["throughput_speedup"] = out["tokens_per_s"] / base["tokens_per_s"]
+    out["memory_ratio"] = out["peak_memory_mib"] / base["peak_memory_mib"]
+    out["estimate_error_pct"] = 100 * (out["estimated_peak_mib"] - out["peak_memory_mib"]) / out["peak_memory_mib"]
+    out["loss_change_pct"] = 100 * (out["eval_loss"] - reference_loss) / reference_loss
+    out["converged"] = (out["loss_change_pct"].abs() <= 100 * tolerance) & (out["status"] == STATUS_OK)
+    return out
+
+
+__all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "compare_with", "evaluate", "run_config", "run_sweep"]
