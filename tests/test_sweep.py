@@ -16,14 +16,14 @@ def test_a_sweep_gives_one_row_per_configuration_and_equal_losses_for_equal_effe
     base = RunConfig("micro 2 x 2", preset="ci", micro_batch=2, accumulation_steps=2, seq_len=32)
     configs = [base, base.but("micro 4 x 1", micro_batch=4, accumulation_steps=1),
                base.but("checkpointing", checkpointing=True)]
-    table = run_sweep(configs, corpus, steps=3, warmup_steps=1, progress=False)
+    table = run_sweep(configs, corpus, steps=2, warmup_steps=1, progress=False)
     assert list(table["name"]) == [c.name for c in configs] and set(table["status"]) == {STATUS_OK}
     for column in ("step_ms", "data_ms", "tokens_per_s", "eval_loss", "estimated_peak_mib"):
         assert table[column].notna().all() and (table[column] > 0).all(), column
     assert (table["effective_batch"] == 4).all()
     # same weights, same samples per optimizer step: accumulation and checkpointing change no loss
     assert table["eval_loss"].max() - table["eval_loss"].min() < 1e-3
-    assert len(table["losses"].iloc[0]) == 4
+    assert len(table["losses"].iloc[0]) == 3
 
 
 def test_an_out_of_memory_configuration_is_recorded_and_the_sweep_goes_on(corpus):
