@@ -64,3 +64,20 @@ def test_parameters_gradients_and_optimizer_state_match_the_tensors():
 def test_v3_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="V3"):
         model_layout(build("v3", CONFIG))
+
+
+@pytest.mark.parametrize("options,precision,checkpointing", [({}, "fp32", False), ({"sdpa": True}, "bf16", True)])
+def test_the_peak_model_is_within_25_percent_of_the_profilers_peak(options, precision, checkpointing):
+    from tinyllama.profiling.memory import memory_timeline
+
+    config = make_config("ci", vocab_size=256, hidden_dim=128, intermediate_dim=384, num_layers=4)
+    torch.manual_seed(0)
+    model = build("v2", config, **options).set_gradient_checkpointing(checkpointing)
+    step = TrainingStep(model, precision, "cpu")
+    (inputs, targets), = make_batches(config, 4, 128, count=1)
+    # a whole step after a first one (AdamW's state exists), every category of the profiler's memory
+    timeline = memory_timeline(lambda: step(inputs, targets), device="cpu", warmup=1)
+    measured = timeline.drop(columns=["time_ms"]).sum(axis=1).max() * 2**20
+    estimate = estimate_memory(config, 4, 128, precision, model_layout(model, "cpu", precision),
+                               config.num_layers if checkpointing else 0)
+    assert estimate.peak_bytes() == pytest.approx(measured, rel=0.25)
