@@ -1,6 +1,7 @@
 """The training benchmark: one honest measurement of a TinyLLaMA training step.
 
     python -m tinyllama.bench --version v1 --preset medium --precision bf16 --num-steps 20
+    python -m tinyllama.bench --preset small --data text --workers 2 --batch-size 4 --accumulation-steps 4
 
 What it does, in order:
 1. builds the model and a few fixed batches of random tokens (the original's synthetic data), or takes
@@ -316,7 +317,29 @@ def build_parser() -> argparse.ArgumentParser:
                              "(GPU only; not with compile_mode reduce-overhead)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a switch of the version, e.g. --option fuse_qkv=0 (repeatable)")
+    parser.add_argument("--data", choices=("random", "text"), default="random",
+                        help="random tokens (default), or real text: the standard library's source, byte tokens "
+                             "(vocabulary 256), through a DataLoader")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers with --data text (default 0)")
+    parser.add_argument("--accumulation-steps", type=int, default=1,
+                        help="micro-batches of --batch-size per optimizer step (gradient accumulation, default 1)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute every block in the backward instead of keeping its activations")
     return parser
+
+
+def _text_loader(preset: str, batch_size: int | None, seq_len: int | None, workers: int, seed: int) -> tuple[Any, dict[str, Any]]:
+    """A DataLoader of the standard library's source for ``--data text``, and the run's overrides
+    (the byte vocabulary, and the batch and sequence the loader uses)."""
+    from tinyllama.config import get_preset
+    from tinyllama.data import ByteTokenizer, TokenWindows, build_corpus, make_loader
+
+    chosen = get_preset(preset)
+    batch_size = chosen.batch_size if batch_size is None else batch_size
+    seq_len = chosen.seq_len if seq_len is None else seq_len
+    corpus = build_corpus(max(2**20, 64 * batch_size * (seq_len + 1)), seed=seed)
+    loader = make_loader(TokenWindows(corpus.train, seq_len), batch_size, num_workers=workers, seed=seed)
+    return loader, {"batch_size": batch_size, "seq_len": seq_len, "vocab_size": ByteTokenizer.vocab_size}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -326,11 +349,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("note: no GPU found, running on the CPU (expect it to be slow; try --preset ci)", file=sys.stderr)
     try:
         options = dict(parse_option(o) for o in args.option)
+        loader, data = None, {"batch_size": args.batch_size, "seq_len": args.seq_len}
+        if args.data == "text":
+            loader, data = _text_loader(args.preset, args.batch_size, args.seq_len, args.workers, args.seed)
         result = run_benchmark(
-            args.version, args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
-            precision=args.precision, num_steps=args.num_steps, warmup_steps=args.warmup_steps,
-            seed=args.seed, deterministic=args.deterministic, device=args.device, model_options=options,
-            progress=not args.quiet, cuda_graph=args.cuda_graph, **shape_overrides(args),
+            args.version, args.preset, precision=args.precision, num_steps=args.num_steps,
+            warmup_steps=args.warmup_steps, seed=args.seed, deterministic=args.deterministic, device=args.device,
+            model_options=options, progress=not args.quiet, cuda_graph=args.cuda_graph, loader=loader,
+            accumulation_steps=args.accumulation_steps, gradient_checkpointing=args.gradient_checkpointing,
+            **data, **shape_overrides(args),
         )
     except (ValueError, BenchmarkError, CorrectnessError, dev.DeviceUnavailable) as error:
         # Includes BenchmarkError and CorrectnessError: one line, no traceback wall.
