@@ -1,8 +1,6 @@
 """Gradient accumulation and gradient checkpointing change the memory and the time of a step, never its
 gradients."""
 
-import itertools
-
 import pytest
 import torch
 

@@ -216,7 +216,6 @@ def run_benchmark(
         step = (GraphedTrainingStep if cuda_graph else TrainingStep)(model, precision, device, lr=lr)
         # Correct first: a model whose backward does not reach every parameter is not timed.
         check_every_parameter_trained(model, lambda: step.loss(inputs, targets))
-        del inputs, targets
         warmup_ms, phase_ms, losses = _time_steps(step, source, accumulation_steps, warmup_steps, num_steps,
                                                   f"{version} {precision}" if progress else None)
     except Exception as error:  # noqa: BLE001 - only out-of-memory is translated, the rest re-raised
