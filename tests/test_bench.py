@@ -141,3 +141,13 @@ def test_the_module_runs_as_a_command():
     done = subprocess.run([sys.executable, "-m", "tinyllama.bench", "--help"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "--preset" in done.stdout
+
+
+def test_the_command_line_trains_on_text_with_accumulation_and_checkpointing(capsys):
+    from tinyllama.bench import main
+
+    assert main(["--preset", "ci", "--data", "text", "--batch-size", "2", "--seq-len", "16", "--accumulation-steps",
+                 "2", "--gradient-checkpointing", "--num-steps", "2", "--warmup-steps", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "x 2 micro-batches (effective batch 4)" in out and "checkpointing" in out and "data: DataLoader" in out
+    assert "data " in out and "ms | forward" in out

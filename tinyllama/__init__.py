@@ -5,7 +5,8 @@ Triton kernels; ``training`` the timed training step; ``bench`` and ``compare`` 
 (``comparison/`` holds the comparison's parts); ``profiling/`` the instruments; ``intensity`` the FLOPs
 and bytes of the model's kernels from their shapes; ``records`` the
 results files (shared with ``inference``); ``settings``, ``config``, ``device``, ``timing``, ``cli``
-what they all share; ``course/`` the notebooks' infrastructure.
+what they all share; ``data`` real text to train on, ``memory_estimate`` a step's memory term by term,
+``sweep`` many training configurations into one table; ``course/`` the notebooks' infrastructure.
 """
 
 __version__ = "0.1.0"

@@ -102,14 +102,16 @@ class PhaseTimer:
         self._marks.append((phase, self._now()))
 
     def stop(self) -> dict[str, float]:
-        """Wait for the device and return each phase's duration in milliseconds."""
+        """Wait for the device and return each phase's duration in milliseconds. A phase marked
+        several times in a step (forward and backward of each accumulated micro-batch) is summed."""
         dev.synchronize(self.device)
         out: dict[str, float] = {}
         for (_, before), (phase, after) in zip(self._marks, self._marks[1:]):
             if self._use_events:
-                out[phase] = before.elapsed_time(after)  # type: ignore[attr-defined]
+                ms = before.elapsed_time(after)  # type: ignore[attr-defined]
             else:
-                out[phase] = (after - before) * 1e3  # type: ignore[operator]
+                ms = (after - before) * 1e3  # type: ignore[operator]
+            out[phase] = out.get(phase, 0.0) + ms
         return out
 
 

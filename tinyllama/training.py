@@ -1,11 +1,14 @@
 """The training step every TinyLLaMA harness times: seeded batches, reproducibility settings, and
 one step (forward, loss, backward, AdamW) run eagerly (``TrainingStep``) or replayed from CUDA
-graphs (``GraphedTrainingStep``), with its phases marked for a ``PhaseTimer`` and the profilers."""
+graphs (``GraphedTrainingStep``), with its phases marked for a ``PhaseTimer`` and the profilers.
+``TrainingStep.accumulate`` takes the step's micro-batches from a batch source (a data loader):
+gradient accumulation, and the wait for data marked as its own phase."""
 
 from __future__ import annotations
 
 import os
 import random
+from typing import Iterator
 
 import torch
 
@@ -18,6 +21,9 @@ from tinyllama.settings import autocast_context, check_precision, set_matmul_pre
 from tinyllama.timing import PhaseTimer
 
 PHASES = ("forward", "backward", "optimizer")
+# The phases of a step that takes its batches from a source: the wait for each micro-batch (and its
+# copy to the device) first.
+DATA_PHASES = ("data", *PHASES)
 
 
 def seed_everything(seed: int) -> None:
@@ -107,19 +113,22 @@ class TrainingStep:
             logits = self.model(inputs)
         return lm_loss(logits, targets)
 
-    def __call__(
-        self, inputs: torch.Tensor, targets: torch.Tensor, timer: PhaseTimer | None = None
-    ) -> torch.Tensor:
-        """One training step; returns the (detached) loss. Marks the timer's phases if given."""
-        set_matmul_precision(self.precision)
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale: float,
+                          timer: PhaseTimer | None) -> torch.Tensor:
+        """Forward and backward of one (micro-)batch, the loss multiplied by ``scale`` before the
+        backward; gradients add up in ``.grad``. Returns the unscaled loss, detached."""
         with dev.annotate("forward"):
             loss = self.loss(inputs, targets)
         if timer:
             timer.mark("forward")
         with dev.annotate("backward"):
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            scaled = loss * scale if scale != 1.0 else loss
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if timer:
             timer.mark("backward")
+        return loss.detach()
+
+    def _update(self, timer: PhaseTimer | None) -> None:
         with dev.annotate("optimizer"):
             if self.scaler:
                 self.scaler.step(self.optimizer)
@@ -129,7 +138,44 @@ class TrainingStep:
             self.optimizer.zero_grad(set_to_none=True)
         if timer:
             timer.mark("optimizer")
-        return loss.detach()
+
+    def __call__(
+        self, inputs: torch.Tensor, targets: torch.Tensor, timer: PhaseTimer | None = None
+    ) -> torch.Tensor:
+        """One training step; returns the (detached) loss. Marks the timer's phases if given."""
+        set_matmul_precision(self.precision)
+        loss = self._forward_backward(inputs, targets, 1.0, timer)
+        self._update(timer)
+        return loss
+
+    def accumulate(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], steps: int = 1,
+                   timer: PhaseTimer | None = None) -> torch.Tensor:
+        """One optimizer step over ``steps`` micro-batches taken from ``batches`` (gradient
+        accumulation: the effective batch is the micro-batch times ``steps``). Each micro-batch's loss
+        is divided by ``steps`` before its backward, so the summed gradients are those of the mean loss
+        over the whole effective batch, as one batch ``steps`` times larger would give.
+
+        Marks ``data`` (waiting for the next micro-batch and queuing its copy to the device), then
+        ``forward`` and ``backward`` per micro-batch (the timer sums them), then ``optimizer``. Returns
+        the mean loss of the micro-batches, detached.
+        """
+        if steps < 1:
+            raise ValueError(f"accumulation steps must be at least 1 (got {steps})")
+        set_matmul_precision(self.precision)
+        total = None
+        for _ in range(steps):
+            with dev.annotate("data"):
+                inputs, targets = next(batches)
+                # non_blocking: from pinned memory the copy overlaps with the work already queued.
+                inputs = inputs.to(self.device, non_blocking=True)
+                targets = targets.to(self.device, non_blocking=True)
+            if timer:
+                timer.mark("data")
+            loss = self._forward_backward(inputs, targets, 1.0 / steps, timer)
+            total = loss / steps if total is None else total + loss / steps
+        self._update(timer)
+        assert total is not None
+        return total
 
 
 def check_cuda_graph(device: torch.device, warmup_steps: int | None = None) -> None:
@@ -191,6 +237,18 @@ class GraphedTrainingStep(TrainingStep):
             self.optimizer.step()
         self._graphs = (forward, backward, optimizer)
         self._static = (static_inputs, static_targets, loss)
+
+    def accumulate(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], steps: int = 1,
+                   timer: PhaseTimer | None = None) -> torch.Tensor:
+        """One replayed step on the next batch of ``batches`` (marked ``data``); a captured step has no
+        room for accumulation, so ``steps`` must be 1."""
+        if steps != 1:
+            raise ValueError("cuda_graph replays one whole step per batch: use accumulation_steps=1 with it")
+        inputs, targets = next(batches)
+        inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        if timer:
+            timer.mark("data")
+        return self(inputs, targets, timer)
 
     def __call__(
         self, inputs: torch.Tensor, targets: torch.Tensor, timer: PhaseTimer | None = None

@@ -87,6 +87,24 @@ class Profile:
     versions_batch_size: int
     versions_seq_len: int
     versions_steps: int
+    # 20_finetuning_lab: the model preset and bytes of standard-library text, optimizer steps per
+    # configuration (timed; the loss after them is the convergence check) and untimed warm-up steps,
+    # the learning rate, the sequence length and the shorter one of the sequence phase, the effective
+    # batch (sequences per optimizer step) and the micro-batches tried at it, the loader workers
+    # tried, the tolerance of the convergence check (relative, on the held-out loss), and the batch of
+    # the memory-estimate check.
+    lab_preset: str
+    lab_corpus_bytes: int
+    lab_steps: int
+    lab_warmup_steps: int
+    lab_lr: float
+    lab_seq_len: int
+    lab_short_seq_len: int
+    lab_effective_batch: int
+    lab_micro_batches: tuple[int, ...]
+    lab_workers: tuple[int, ...]
+    lab_loss_tolerance: float
+    lab_memory_batch: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -146,6 +164,19 @@ PROFILES: dict[str, Profile] = {
         versions_batch_size=16,
         versions_seq_len=512,
         versions_steps=20,
+        # 20_finetuning_lab (about 10 configurations of the small model, each 100 steps)
+        lab_preset="small",
+        lab_corpus_bytes=8 * 2**20,
+        lab_steps=100,
+        lab_warmup_steps=3,
+        lab_lr=1e-3,
+        lab_seq_len=512,
+        lab_short_seq_len=384,
+        lab_effective_batch=16,
+        lab_micro_batches=(2, 4, 8, 16),
+        lab_workers=(0, 4),
+        lab_loss_tolerance=0.03,
+        lab_memory_batch=4,
     ),
     "ci": Profile(
         name="ci",
@@ -199,6 +230,19 @@ PROFILES: dict[str, Profile] = {
         versions_batch_size=1,
         versions_seq_len=12,
         versions_steps=2,
+        # 20_finetuning_lab: the ci model on 1 MiB of text, a few steps per configuration
+        lab_preset="ci",
+        lab_corpus_bytes=2**20,
+        lab_steps=8,
+        lab_warmup_steps=1,
+        lab_lr=3e-3,
+        lab_seq_len=64,
+        lab_short_seq_len=48,
+        lab_effective_batch=4,
+        lab_micro_batches=(1, 2, 4),
+        lab_workers=(0, 2),
+        lab_loss_tolerance=0.05,
+        lab_memory_batch=2,
     ),
 }
 

@@ -11,11 +11,12 @@ Later versions subclass these modules and replace only what they speed up.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tinyllama.config import ModelConfig
 
@@ -151,6 +152,9 @@ class TinyLlama(nn.Module):
     fused_optimizer: ClassVar[bool] = False  # the training step may use fused AdamW (on a GPU)
     compiled: bool = False  # the blocks run through torch.compile
     own_cuda_graphs: bool = False  # compiled in a mode that replays CUDA graphs of its own
+    # Indices of the blocks whose activations are recomputed in the backward instead of kept
+    # (gradient checkpointing); set with set_gradient_checkpointing. Empty: none.
+    checkpointed_layers: frozenset[int] = frozenset()
 
     def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
         """Parameters that are V1 weights stacked along the output dimension (``tinyllama.models.weights``):
@@ -176,12 +180,32 @@ class TinyLlama(nn.Module):
             elif hasattr(module, "weight") and module.weight is not None and module.weight.dim() == 1:
                 nn.init.ones_(module.weight)
 
+    def set_gradient_checkpointing(self, enabled: bool | Iterable[int] = True) -> "TinyLlama":
+        """Gradient checkpointing per decoder block: ``True`` for every block, ``False`` for none, or the
+        indices of the blocks to checkpoint. A checkpointed block keeps only its input for the backward
+        and runs its forward again there (``torch.utils.checkpoint``, non-reentrant): the same gradients
+        for about one more forward of compute. Returns the model."""
+        if enabled is True or enabled is False:
+            layers = set(range(len(self.layers))) if enabled else set()
+        else:
+            layers = {int(i) for i in enabled}
+            wrong = sorted(i for i in layers if not 0 <= i < len(self.layers))
+            if wrong:
+                raise ValueError(f"no block {wrong} to checkpoint: the model has blocks 0..{len(self.layers) - 1}")
+        self.checkpointed_layers = frozenset(layers)
+        return self
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if input_ids.shape[-1] > self.config.max_seq_len:
             raise ValueError(
                 f"sequence length {input_ids.shape[-1]} exceeds max_seq_len {self.config.max_seq_len}"
             )
         x = self.embed(input_ids)
-        for layer in self.layers:
-            x = layer(x)
+        recompute = bool(self.checkpointed_layers) and torch.is_grad_enabled()
+        for index, layer in enumerate(self.layers):
+            if recompute and index in self.checkpointed_layers:
+                # Non-reentrant: works with inputs that need no gradient and with torch.compile'd blocks.
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return self.lm_head(self.norm(x))
