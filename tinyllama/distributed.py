@@ -35,6 +35,7 @@ import datetime as _dt
 import signal
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -128,15 +129,17 @@ def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
     """``model`` made data-parallel over the current process group.
 
     DDP keeps the gradients as views into its communication buckets (``gradient_as_bucket_view``), so
-    that they are not stored twice. FSDP2 shards every decoder block, then the rest (embedding,
+    that they are not stored twice, and does not broadcast the (constant) buffers before each forward. FSDP2 shards every decoder block, then the rest (embedding,
     final norm, output head) with the root: a block's weights are gathered only while it runs.
     """
     check_strategy(strategy)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
+        # broadcast_buffers=False: the model's only buffers are RoPE's constant tables; broadcasting them
+        # from rank 0 before every forward (DDP's default) would add a collective to each step for nothing.
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                       gradient_as_bucket_view=True)
+                                       gradient_as_bucket_view=True, broadcast_buffers=False)
     fully_shard = _fully_shard()
     assert fully_shard is not None
     for block in model.layers:
@@ -187,6 +190,20 @@ def model_state_bytes(num_parameters: int, strategy: str, world_size: int, bytes
     return {"weights": bytes_per_value * shard, "optimizer state": 2 * bytes_per_value * shard}
 
 
+def communication_bytes(num_parameters: int, strategy: str, world_size: int, bytes_per_value: int = 4) -> int:
+    """The bytes each rank sends per training step (and receives as many) with ring collectives over
+    ``world_size`` ranks: DDP all-reduces every gradient once, ``2 (N-1)/N`` of the gradients' bytes (a
+    reduce-scatter then an all-gather); FSDP2 all-gathers every block's weights twice (forward, and
+    again for the backward) and reduce-scatters the gradients once, ``3 (N-1)/N``. One process
+    (``"none"``) sends nothing. fp32 values (4 bytes): this harness keeps fp32 weights and gradients
+    under autocast."""
+    if strategy == "none" or world_size == 1:
+        return 0
+    full = bytes_per_value * num_parameters
+    factor = {"ddp": 2, "fsdp": 3}[strategy]
+    return round(factor * (world_size - 1) / world_size * full)
+
+
 def counted_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """The bytes of the tensors this rank holds for weights and optimizer state, counted (local
     shards only, under FSDP2): the formula's figures, checked on the real objects."""
@@ -218,6 +235,7 @@ class RankResult:
     communication_ms: float | None
     exposed_communication_ms: float | None
     collectives: list[dict[str, Any]] = field(default_factory=list)
+    trace_path: str | None = None
 
 
 @dataclass
@@ -270,7 +288,8 @@ class DistributedResult:
                         "rank_losses": r.losses, "warmup_ms": r.warmup_ms,
                         "peak_memory_mib": r.peak_memory_mib, "allocated_at_rest_mib": r.allocated_at_rest_mib,
                         "communication_ms": r.communication_ms,
-                        "exposed_communication_ms": r.exposed_communication_ms, "collectives": r.collectives})
+                        "exposed_communication_ms": r.exposed_communication_ms, "collectives": r.collectives,
+                        "trace_path": r.trace_path})
             row.update(r.step_ms.as_dict(prefix="step_ms_"))
             row.update({f"{phase}_ms_median": ms for phase, ms in r.phase_ms.items()})
             row.update({f"counted_{k.replace(' ', '_')}_mib": v for k, v in r.counted_state_mib.items()})
@@ -279,8 +298,9 @@ class DistributedResult:
 
     def summary(self) -> str:
         """A few lines: every rank, then the global figures."""
-        lines = [f"TinyLLaMA {self.version} | {self.preset} | {self.precision} | {self.strategy.upper()} on "
-                 f"{self.world_size} process(es), {self.library} | global batch {self.global_batch_size} "
+        how = ("one process, the plain model" if self.strategy == "none" else
+               f"{self.strategy.upper()} on {self.world_size} process(es), {self.library}")
+        lines = [f"TinyLLaMA {self.version} | {self.preset} | {self.precision} | {how} | global batch {self.global_batch_size} "
                  f"({self.local_batch_size} per rank) x seq {self.seq_len}, {self.num_parameters / 1e6:.1f}M parameters"]
         for r in self.ranks:
             memory = "n/a on the CPU" if r.peak_memory_mib is None else f"{r.peak_memory_mib:,.0f} MiB"
@@ -342,6 +362,7 @@ def run_distributed(
     shuffle: bool = False,
     baseline_tokens_per_s: float | None = None,
     profiled_steps: int = 2,
+    trace_dir: str | Path | None = None,
     return_weights: bool = False,
     fail_rank: int | None = None,
     fail_step: int = 1,
@@ -353,9 +374,10 @@ def run_distributed(
     group, and return every rank's figures and the global ones (on every rank).
 
     ``batch_size`` is the global batch. Outside a process group this is one process training the plain
-    model (no wrapper): the reference that N ranks must reproduce. ``dataset`` is any map-style dataset
+    model (no wrapper; the result's strategy is ``"none"``): the reference that N ranks must reproduce. ``dataset`` is any map-style dataset
     of ``(inputs, targets)`` pairs (default: ``SyntheticTokens``); its ``seq_len`` must match.
-    ``profiled_steps`` more steps run under the PyTorch profiler for the communication time (0: none).
+    ``profiled_steps`` more steps run under the PyTorch profiler for the communication time (0: none);
+    with ``trace_dir`` each rank writes their trace there (``STRATEGY-rankR-TIME.json``, for Perfetto).
     ``return_weights`` gathers the final weights (whole, on the CPU) into ``result.weights``.
     ``fail_rank`` makes that rank raise ``RankFailure`` at timed-or-warm-up step ``fail_step``.
     """
@@ -388,7 +410,8 @@ def run_distributed(
     memory = dev.memory_stats(device)
     at_rest = None if memory.current_bytes is None else memory.current_bytes / 2**20
     counted = {k: v / 2**20 for k, v in counted_state_bytes(wrapped, step.optimizer).items()}
-    communication = _profile_communication(step, batches, profiled_steps, device)
+    communication, trace = _profile_communication(step, batches, profiled_steps, device, trace_dir,
+                                                  f"{strategy if dist.is_initialized() else 'single'}-rank{ctx.rank}")
     step_stats = summarize([sum(parts) for parts in zip(*(phase_ms[p] for p in PHASES))])
     mine = RankResult(
         rank=ctx.rank, device=dev.device_name(device), step_ms=step_stats,
@@ -398,6 +421,7 @@ def run_distributed(
         communication_ms=None if communication is None else communication.communication_ms,
         exposed_communication_ms=None if communication is None else communication.exposed_ms,
         collectives=[] if communication is None else communication.collectives.to_dict("records"),
+        trace_path=None if trace is None else str(trace),
     )
     weights = full_state_dict(wrapped) if return_weights else None
     ranks = process_group.gather(mine, ctx)
@@ -406,7 +430,7 @@ def run_distributed(
     kept = model_state_bytes(num_parameters, strategy if dist.is_initialized() else "none", ctx.world_size)
     predicted = {k: v / 2**20 for k, v in kept.items()}
     return DistributedResult(
-        strategy=strategy, world_size=ctx.world_size, backend=ctx.backend or dev.collective_backend(device),
+        strategy=strategy if dist.is_initialized() else "none", world_size=ctx.world_size, backend=ctx.backend or dev.collective_backend(device),
         library=dev.collective_library(ctx.backend or dev.collective_backend(device)), version=version, preset=preset,
         precision=precision, global_batch_size=batch_size, local_batch_size=local_batch, seq_len=seq_len,
         num_parameters=num_parameters, num_steps=num_steps, warmup_steps=warmup_steps, ranks=ranks,
@@ -433,17 +457,18 @@ def _fetch_batches(loader: DataLoader, count: int, device: torch.device) -> list
 
 
 def _profile_communication(step: TrainingStep, batches: list[tuple[torch.Tensor, torch.Tensor]], steps: int,
-                           device: torch.device) -> Any:
-    """``steps`` more training steps under the PyTorch profiler, and their communication time."""
+                           device: torch.device, trace_dir: str | Path | None, name: str) -> tuple[Any, Path | None]:
+    """``steps`` more training steps under the PyTorch profiler: their communication time, and the
+    path of the trace written to ``trace_dir`` (``None`` without one)."""
     if steps < 1:
-        return None
+        return None, None
     from tinyllama.profiling.communication import communication_time
     from tinyllama.profiling.torch_profiler import profile_steps
 
     calls = iter(range(10**9))
     run = profile_steps(lambda: step(*batches[next(calls) % len(batches)]), device=device, wait=0, warmup=1,
-                        active=steps)
-    return communication_time(run)
+                        active=steps, trace_dir=trace_dir, name=name)
+    return communication_time(run), run.trace_path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -496,7 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m tinyllama.distributed ...   (one process, the plain model: the 1-GPU reference)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--strategy", default="ddp", help=f"{' or '.join(STRATEGIES)} (FSDP2, fully_shard) (default ddp)")
+    parser.add_argument("--strategy", nargs="+", default=["ddp"],
+                        help=f"{' or '.join(STRATEGIES)} (FSDP2, fully_shard), or both, run one after the other "
+                             "in the same processes (default ddp)")
     parser.add_argument("--version", default="v1", help=f"model version ({', '.join(VERSIONS)})")
     add_problem_size_arguments(parser)
     parser.set_defaults()
@@ -509,7 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens/s of a 1-GPU run with the same per-GPU batch: prints the scaling efficiency")
     parser.add_argument("--profiled-steps", type=int, default=2,
                         help="steps profiled after the timed ones, for the communication time (0: none; default 2)")
-    parser.add_argument("--save-weights", metavar="PATH", help="rank 0 saves the final weights (whole) to PATH")
+    parser.add_argument("--trace-dir", metavar="DIR", help="every rank writes the profiled steps' trace there "
+                                                            "(Chrome/Perfetto JSON)")
+    parser.add_argument("--save-weights", metavar="PATH", help="rank 0 saves the final weights (whole) to PATH "
+                                                                "(a new name if PATH exists)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a switch of the version, e.g. --option sdpa=1 (repeatable)")
     parser.add_argument("--fail-rank", type=int, help="this rank raises an error at --fail-step (to see how a "
@@ -534,7 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         # Refused before any rank waits for another: every rank finds the same fault and says so.
-        check_strategy(args.strategy)
+        for strategy in args.strategy:
+            check_strategy(strategy)
         check_precision(args.precision)
         _, global_batch, _ = resolve_config(args.preset, args.batch_size, args.seq_len, **shape_overrides(args))
         ctx.local_batch(global_batch)
@@ -544,13 +575,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         dev.check_collective_backend(args.backend or dev.collective_backend(device), device)
         if process_group.launched_by_torchrun():
             ctx = process_group.join(device, backend=args.backend, timeout_s=args.timeout_s)
-        result = run_distributed(
-            args.strategy, args.version, args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
-            precision=args.precision, num_steps=args.num_steps, warmup_steps=args.warmup_steps, seed=args.seed,
-            device=device, baseline_tokens_per_s=args.baseline_tokens_per_s, profiled_steps=args.profiled_steps,
-            return_weights=bool(args.save_weights), fail_rank=args.fail_rank, fail_step=args.fail_step,
-            model_options=dict(parse_option(o) for o in args.option), progress=not args.quiet,
-            **shape_overrides(args))
+        results = []
+        for strategy in args.strategy:
+            results.append(run_distributed(
+                strategy, args.version, args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
+                precision=args.precision, num_steps=args.num_steps, warmup_steps=args.warmup_steps, seed=args.seed,
+                device=device, baseline_tokens_per_s=args.baseline_tokens_per_s, profiled_steps=args.profiled_steps,
+                trace_dir=args.trace_dir, return_weights=bool(args.save_weights), fail_rank=args.fail_rank,
+                fail_step=args.fail_step, model_options=dict(parse_option(o) for o in args.option),
+                progress=not args.quiet, **shape_overrides(args)))
+            dev.free_memory(device)
     except (ValueError, dev.DeviceUnavailable) as error:  # ConfigError included
         print(f"{prefix}: {error}", file=sys.stderr, flush=True)
         return 2
@@ -574,14 +608,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         process_group.teardown()
     if ctx.is_main:
-        print(result.summary(), flush=True)
-        if args.json:
-            from tinyllama.records import append_json
+        from tinyllama.records import append_json, unique_path
 
-            print(f"  appended {len(result.ranks)} record(s) to {append_json(args.json, result.to_records())}")
-        if args.save_weights:
-            torch.save(result.weights, args.save_weights)
-            print(f"  final weights saved to {args.save_weights}")
+        for result in results:
+            print(result.summary(), flush=True)
+            if args.json:
+                print(f"  appended {len(result.ranks)} record(s) to {append_json(args.json, result.to_records())}")
+            if args.save_weights:
+                path = unique_path(args.save_weights)
+                torch.save(result.weights, path)
+                print(f"  final weights saved to {path}")
     return 0
 
 

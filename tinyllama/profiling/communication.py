@@ -10,8 +10,10 @@ gloo runs on the host: the time is that of the collectives' host ranges (``gloo:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -24,9 +26,14 @@ _COLLECTIVE = re.compile(r"nccl|rccl|gloo|c10d::|all_?reduce|reduce_?scatter|all
                          re.IGNORECASE)
 
 
+# FSDP2's packing of a block's shards into one buffer before the all-gather (and out of it after): copies
+# on this rank, not communication.
+_PACKING = re.compile(r"copy_in|copy_out", re.IGNORECASE)
+
+
 def is_collective(name: str) -> bool:
     """Whether a profiler event (kernel or host range) is inter-process communication."""
-    return bool(_COLLECTIVE.search(name))
+    return bool(_COLLECTIVE.search(name)) and not _PACKING.search(name)
 
 
 @dataclass
@@ -109,3 +116,39 @@ def communication_time(run: ProfileRun) -> CommunicationTime:
     return CommunicationTime(communication_ms=_length(comm) / 1e3 / run.steps, exposed_ms=exposed,
                              on_device=run.on_device,
                              collectives=table.sort_values("ms_per_step", ascending=False, ignore_index=True))
+
+
+def trace_timeline(path: str | Path, step: int | None = None) -> pd.DataFrame:
+    """The work of one profiled step in a Chrome trace that ``profile_steps`` wrote, for a timeline
+    plot: on a GPU every kernel and copy, by stream; on a CPU the outermost operators of every thread
+    (a collective inside a DDP hook stays visible, its parts do not). Columns: ``lane`` (stream or
+    thread; gloo runs its collectives on threads of its own), ``name``, ``start_ms`` (from the step's
+    start), ``duration_ms``, ``collective``. ``step``
+    picks a ``ProfilerStep#N`` (default: the last one in the trace)."""
+    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")),
+                   key=lambda e: int(e["name"].split("#")[1]))
+    if not steps:
+        raise ValueError(f"{path} holds no profiled step (ProfilerStep#N)")
+    chosen = steps[-1] if step is None else next(e for e in steps if e["name"] == f"ProfilerStep#{step}")
+    begin, end = float(chosen["ts"]), float(chosen["ts"]) + float(chosen["dur"])
+    device_events = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if device_events:
+        rows = [(f"stream {e.get('tid')}", e) for e in device_events]
+    else:
+        rows = []
+        for tid in {e.get("tid") for e in events if e.get("cat") == "cpu_op"}:
+            ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("tid") == tid),
+                         key=lambda e: (float(e["ts"]), -float(e["dur"])))
+            reach = -1.0
+            for e in ops:  # outermost: not inside the previous outermost operator of the thread
+                if float(e["ts"]) >= reach:
+                    rows.append((f"thread {tid}", e))
+                    reach = float(e["ts"]) + float(e["dur"])
+        rows += [(f"thread {e.get('tid')}", e) for e in events
+                 if e.get("cat") == "user_annotation" and is_collective(str(e.get("name", "")))]
+    frame = pd.DataFrame([{"lane": lane, "name": e["name"], "start_ms": (float(e["ts"]) - begin) / 1e3,
+                           "duration_ms": float(e["dur"]) / 1e3, "collective": is_collective(e["name"])}
+                          for lane, e in rows if begin <= float(e["ts"]) < end],
+                         columns=["lane", "name", "start_ms", "duration_ms", "collective"])
+    return frame.sort_values(["lane", "start_ms"], ignore_index=True)
