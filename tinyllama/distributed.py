@@ -129,15 +129,17 @@ def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
     """``model`` made data-parallel over the current process group.
 
     DDP keeps the gradients as views into its communication buckets (``gradient_as_bucket_view``), so
-    that they are not stored twice, and does not broadcast the (constant) buffers before each forward. FSDP2 shards every decoder block, then the rest (embedding,
-    final norm, output head) with the root: a block's weights are gathered only while it runs.
+    that they are not stored twice, and does not broadcast the (constant) buffers before each forward.
+    FSDP2 shards every decoder block, then the rest (embedding, final norm, output head) with the
+    root: a block's weights are gathered only while it runs.
     """
     check_strategy(strategy)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        # broadcast_buffers=False: the model's only buffers are RoPE's constant tables; broadcasting them
-        # from rank 0 before every forward (DDP's default) would add a collective to each step for nothing.
+        # broadcast_buffers=False: the model's only buffers are constant (RoPE's tables, the causal mask);
+        # broadcasting them from rank 0 before every forward (DDP's default) adds a collective to each step
+        # for nothing.
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                        gradient_as_bucket_view=True, broadcast_buffers=False)
     fully_shard = _fully_shard()
@@ -276,7 +278,8 @@ class DistributedResult:
 
     def to_records(self) -> list[dict[str, Any]]:
         """One flat dict per rank: the run's settings and global figures, then the rank's own."""
-        common = {k: v for k, v in asdict(self).items() if k not in ("ranks", "weights", "config", "predicted_state_mib")}
+        skip = ("ranks", "weights", "config", "predicted_state_mib")
+        common = {k: v for k, v in asdict(self).items() if k not in skip}
         common["scaling_efficiency"] = self.scaling_efficiency
         common.update({f"config_{k}": v for k, v in self.config.items()})
         common.update({f"predicted_{k.replace(' ', '_')}_mib": v for k, v in self.predicted_state_mib.items()})
@@ -300,8 +303,9 @@ class DistributedResult:
         """A few lines: every rank, then the global figures."""
         how = ("one process, the plain model" if self.strategy == "none" else
                f"{self.strategy.upper()} on {self.world_size} process(es), {self.library}")
-        lines = [f"TinyLLaMA {self.version} | {self.preset} | {self.precision} | {how} | global batch {self.global_batch_size} "
-                 f"({self.local_batch_size} per rank) x seq {self.seq_len}, {self.num_parameters / 1e6:.1f}M parameters"]
+        lines = [f"TinyLLaMA {self.version} | {self.preset} | {self.precision} | {how} | global batch "
+                 f"{self.global_batch_size} ({self.local_batch_size} per rank) x seq {self.seq_len}, "
+                 f"{self.num_parameters / 1e6:.1f}M parameters"]
         for r in self.ranks:
             memory = "n/a on the CPU" if r.peak_memory_mib is None else f"{r.peak_memory_mib:,.0f} MiB"
             comm = "" if r.communication_ms is None else f", communication {r.communication_ms:.2f} ms/step" + (
@@ -374,8 +378,8 @@ def run_distributed(
     group, and return every rank's figures and the global ones (on every rank).
 
     ``batch_size`` is the global batch. Outside a process group this is one process training the plain
-    model (no wrapper; the result's strategy is ``"none"``): the reference that N ranks must reproduce. ``dataset`` is any map-style dataset
-    of ``(inputs, targets)`` pairs (default: ``SyntheticTokens``); its ``seq_len`` must match.
+    model (no wrapper; the result's strategy is ``"none"``): the reference that N ranks must reproduce.
+    ``dataset`` is any map-style dataset of ``(inputs, targets)`` pairs (default: ``SyntheticTokens``); its ``seq_len`` must match.
     ``profiled_steps`` more steps run under the PyTorch profiler for the communication time (0: none);
     with ``trace_dir`` each rank writes their trace there (``STRATEGY-rankR-TIME.json``, for Perfetto).
     ``return_weights`` gathers the final weights (whole, on the CPU) into ``result.weights``.
@@ -411,7 +415,7 @@ def run_distributed(
     at_rest = None if memory.current_bytes is None else memory.current_bytes / 2**20
     counted = {k: v / 2**20 for k, v in counted_state_bytes(wrapped, step.optimizer).items()}
     communication, trace = _profile_communication(step, batches, profiled_steps, device, trace_dir,
-                                                  f"{strategy if dist.is_initialized() else 'single'}-rank{ctx.rank}")
+                                                  f"{strategy if dist.is_initialized() else 'none'}-rank{ctx.rank}")
     step_stats = summarize([sum(parts) for parts in zip(*(phase_ms[p] for p in PHASES))])
     mine = RankResult(
         rank=ctx.rank, device=dev.device_name(device), step_ms=step_stats,
@@ -427,11 +431,12 @@ def run_distributed(
     ranks = process_group.gather(mine, ctx)
     global_losses = [sum(values) / len(values) for values in zip(*(r.losses for r in ranks))]
     slowest = max(r.step_ms.median for r in ranks)
-    kept = model_state_bytes(num_parameters, strategy if dist.is_initialized() else "none", ctx.world_size)
-    predicted = {k: v / 2**20 for k, v in kept.items()}
+    kind = strategy if dist.is_initialized() else "none"
+    predicted = {k: v / 2**20 for k, v in model_state_bytes(num_parameters, kind, ctx.world_size).items()}
+    backend = ctx.backend or dev.collective_backend(device)
     return DistributedResult(
-        strategy=strategy if dist.is_initialized() else "none", world_size=ctx.world_size, backend=ctx.backend or dev.collective_backend(device),
-        library=dev.collective_library(ctx.backend or dev.collective_backend(device)), version=version, preset=preset,
+        strategy=kind, world_size=ctx.world_size, backend=backend, library=dev.collective_library(backend),
+        version=version, preset=preset,
         precision=precision, global_batch_size=batch_size, local_batch_size=local_batch, seq_len=seq_len,
         num_parameters=num_parameters, num_steps=num_steps, warmup_steps=warmup_steps, ranks=ranks,
         losses=global_losses, tokens_per_s=batch_size * seq_len / (slowest / 1e3), slowest_step_ms=slowest,
@@ -531,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16")
     parser.add_argument("--backend", help="nccl (GPUs: NCCL, or RCCL on AMD) or gloo (CPU); default: by device")
     parser.add_argument("--timeout-s", type=float, default=process_group.DEFAULT_TIMEOUT_S,
-                        help=f"seconds any collective may wait for the other ranks (default {process_group.DEFAULT_TIMEOUT_S:.0f})")
+                        help="seconds any collective may wait for the other ranks "
+                             f"(default {process_group.DEFAULT_TIMEOUT_S:.0f})")
     parser.add_argument("--baseline-tokens-per-s", type=float,
                         help="tokens/s of a 1-GPU run with the same per-GPU batch: prints the scaling efficiency")
     parser.add_argument("--profiled-steps", type=int, default=2,
