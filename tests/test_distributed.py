@@ -206,3 +206,44 @@ def test_torchrun_stops_every_rank_when_one_fails(tmp_path):
     # rank 1 learns it from the collective that lost its partner, or from torchrun stopping it
     assert "error (rank 1/2): " in done.stderr, done.stderr[-3000:]
     assert time.monotonic() - began < 200
+
+
+def _trace(tmp_path, events):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", **e} for e in events]}))
+    return path
+
+
+def test_trace_timeline_keeps_the_last_step_and_marks_the_collectives(tmp_path):
+    from tinyllama.profiling.communication import trace_timeline
+
+    gpu = _trace(tmp_path, [
+        {"name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100, "tid": 1},
+        {"name": "ProfilerStep#2", "cat": "user_annotation", "ts": 100, "dur": 100, "tid": 1},
+        {"name": "ampere_sgemm", "cat": "kernel", "ts": 10, "dur": 5, "tid": 7},
+        {"name": "ampere_sgemm", "cat": "kernel", "ts": 110, "dur": 30, "tid": 7},
+        {"name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cat": "kernel", "ts": 130, "dur": 40, "tid": 20},
+        {"name": "aten::mm", "cat": "cpu_op", "ts": 105, "dur": 3, "tid": 1},
+    ])
+    frame = trace_timeline(gpu).sort_values("start_ms")
+    assert list(frame.name) == ["ampere_sgemm", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"]  # kernels of step 2 only
+    assert list(frame.lane) == ["stream 7", "stream 20"] and list(frame.collective) == [False, True]
+    assert frame.start_ms.tolist() == pytest.approx([0.010, 0.030]) and frame.duration_ms.tolist() == pytest.approx([0.03, 0.04])
+    cpu = _trace(tmp_path, [
+        {"name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100, "tid": 1},
+        {"name": "aten::linear", "cat": "cpu_op", "ts": 10, "dur": 20, "tid": 1},
+        {"name": "aten::mm", "cat": "cpu_op", "ts": 12, "dur": 10, "tid": 1},  # inside aten::linear: not a row
+        {"name": "c10d::allreduce_", "cat": "cpu_op", "ts": 40, "dur": 1, "tid": 1},
+        {"name": "gloo:all_reduce", "cat": "user_annotation", "ts": 41, "dur": 30, "tid": 9},
+    ])
+    frame = trace_timeline(cpu)
+    assert sorted(frame.name) == ["aten::linear", "c10d::allreduce_", "gloo:all_reduce"]
+    assert frame.set_index("name").collective.to_dict() == {"aten::linear": False, "c10d::allreduce_": True,
+                                                           "gloo:all_reduce": True}
+
+
+def test_fsdp_packing_copies_are_not_communication():
+    from tinyllama.profiling.communication import is_collective
+
+    assert is_collective("FSDP::all_gather (layers.0)") and is_collective("ncclKernel_ReduceScatter_RING")
+    assert not is_collective("FSDP::all_gather_copy_in") and not is_collective("aten::mm")
