@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from tinyllama.errors import BenchmarkError
+from tinyllama.errors import BenchmarkError, ConfigError
 from tinyllama.settings import COMPILE_MODES
 
 MODES = ("inference", "training")
@@ -29,10 +29,6 @@ INFERENCE_PRECISIONS = ("fp32", "fp16", "bf16", "amp")
 COMPILE_KEYS = ("mode", "options", "fullgraph", "dynamic", "backend", "disable")
 # The PyTorch profiler's schedule for --kineto, as the original benchmark used it.
 KINETO_WAIT, KINETO_WARMUP, KINETO_ACTIVE = 1, 2, 2
-
-
-class ConfigError(BenchmarkError, ValueError):
-    """A bad setting, found before anything is built."""
 
 
 @dataclass

@@ -137,6 +137,70 @@ def visible_devices_variable() -> str:
     return "HIP_VISIBLE_DEVICES" if backend() == "rocm" else "CUDA_VISIBLE_DEVICES"
 
 
+# --------------------------------------------------------------------------------------------------
+# Collective communication between processes (torch.distributed). PyTorch's "nccl" back end is NVIDIA's
+# NCCL on CUDA builds and AMD's RCCL on ROCm builds (same API, same back-end name, and RCCL reads the
+# same NCCL_* variables). The CPU uses gloo.
+# --------------------------------------------------------------------------------------------------
+
+# Environment variables a participant sets to debug or steer the collectives, with what each does. The
+# names are those documented by NVIDIA (NCCL user guide, "Environment Variables"), AMD (RCCL
+# documentation, "RCCL environment variables") and PyTorch (ProcessGroupNCCL and gloo).
+COLLECTIVE_ENV_VARIABLES: dict[str, dict[str, str]] = {
+    "NCCL (NVIDIA) and RCCL (AMD)": {
+        "NCCL_DEBUG": "INFO prints what the library set up (rings, transports) and what it waits for; WARN by default",
+        "NCCL_DEBUG_SUBSYS": "which parts log, e.g. INIT,NET (with NCCL_DEBUG=INFO)",
+        "NCCL_SOCKET_IFNAME": "the network interfaces to use between nodes, e.g. =ib0 or ^docker,lo",
+        "NCCL_IB_HCA": "the InfiniBand/RoCE adapters to use between nodes",
+        "NCCL_IB_DISABLE": "1: no InfiniBand, sockets only (to rule the fabric out)",
+        "NCCL_P2P_DISABLE": "1: no direct GPU-to-GPU copies inside a node (to rule NVLink/xGMI out)",
+    },
+    "PyTorch (ProcessGroupNCCL, also with RCCL)": {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "what the watchdog does on a collective error or timeout (3, tear down the "
+                                           "process, by default in recent PyTorch)",
+        "TORCH_NCCL_BLOCKING_WAIT": "1: wait() blocks and raises at the timeout instead of the watchdog acting",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "collectives kept by the flight recorder, dumped on a timeout with "
+                                        "TORCH_NCCL_DUMP_ON_TIMEOUT=1",
+    },
+    "PyTorch (every back end)": {
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL checks that every rank calls the same collectives with the same shapes",
+        "GLOO_SOCKET_IFNAME": "the network interface gloo uses (CPU runs, and PyTorch's own bookkeeping)",
+    },
+}
+
+
+def collective_backend(device: torch.device | str) -> str:
+    """The ``torch.distributed`` back end for processes that each own ``device``: ``"nccl"`` on GPUs
+    (NCCL on NVIDIA, RCCL on AMD: PyTorch names both ``nccl``), ``"gloo"`` on the CPU."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def collective_library(backend_name: str) -> str:
+    """What a back-end name runs on this machine: ``nccl`` is "RCCL" on ROCm builds, "NCCL" on CUDA."""
+    if backend_name == "nccl":
+        return "RCCL" if getattr(torch.version, "hip", None) else "NCCL"
+    return backend_name
+
+
+def check_collective_backend(backend_name: str, device: torch.device | str) -> None:
+    """Raise ``DeviceUnavailable`` when ``backend_name`` cannot connect processes that own ``device``:
+    nccl without a GPU (or in a PyTorch built without it), an unknown name, gloo missing."""
+    import torch.distributed as dist
+
+    device = torch.device(device)
+    if backend_name == "nccl":
+        if device.type != "cuda":
+            raise DeviceUnavailable("the nccl back end (NCCL/RCCL) connects GPUs, and these processes run on the CPU: "
+                                    "use the gloo back end, or run on GPUs")
+        if not dist.is_nccl_available():
+            raise DeviceUnavailable("this PyTorch was built without NCCL/RCCL: use the gloo back end")
+    elif backend_name == "gloo":
+        if not dist.is_gloo_available():
+            raise DeviceUnavailable("this PyTorch was built without gloo: use the nccl back end on GPUs")
+    else:
+        raise DeviceUnavailable(f"unknown back end {backend_name!r}: use nccl (GPUs: NCCL or RCCL) or gloo (CPU)")
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """True for the out-of-memory errors of every back end (CUDA, HIP, and the CPU allocator)."""
     if isinstance(error, torch.cuda.OutOfMemoryError):

@@ -1,0 +1,631 @@
+"""Data-parallel training of TinyLLaMA on several processes, one per GPU: PyTorch's DDP or FSDP2,
+started by torchrun.
+
+    torchrun --nproc-per-node 2 -m tinyllama.distributed --strategy ddp --preset medium --precision bf16 \\
+        --batch-size 32 --json runs.json
+
+``--batch-size`` is the **global** batch: every rank takes ``batch / world_size`` sequences of each
+global batch through a ``DistributedSampler`` (over the synthetic token source here, over any
+map-style dataset of ``(inputs, targets)`` pairs through ``run_distributed(dataset=...)``), so that N
+ranks see exactly the sequences one process sees, split in disjoint parts. With the same seed and
+global batch, N ranks therefore compute the loss curve and the weights of one process (DDP averages
+the gradients: equal up to fp32 rounding; ``tests/test_distributed.py`` checks it).
+
+- ``ddp``: ``DistributedDataParallel``: every rank keeps the whole model, its gradients and AdamW's
+  state; the gradients are averaged with all-reduce, bucket by bucket, during the backward.
+- ``fsdp``: FSDP2 (``fully_shard``, each decoder block and then the whole model): every rank keeps
+  1/N of the weights, gradients and optimizer state; a block's weights are all-gathered just before
+  it runs and its gradients reduce-scattered after.
+
+Each rank measures what ``tinyllama.bench`` measures on one GPU (step time and its phases, tokens/s,
+memory), after a correctness check and warm-up; rank 0 gathers every rank's figures and adds the
+global ones: tokens/s over the slowest rank, scaling efficiency against a 1-GPU run of the same
+per-GPU batch (``--baseline-tokens-per-s``), and the communication time read from a PyTorch profile
+of a few more steps.
+
+Errors end every rank with one line (``error (rank 1/2): ...``) instead of a hang: bad settings are
+refused before any rank waits for another, every collective has a timeout (``--timeout-s``), and a
+rank that torchrun stops because another failed says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import signal
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from tinyllama import device as dev
+from tinyllama import process_group
+from tinyllama.bench import _time_steps
+from tinyllama.checks import CorrectnessError, check_every_parameter_trained
+from tinyllama.cli import add_problem_size_arguments, add_run_arguments, parse_option, shape_overrides
+from tinyllama.config import ModelConfig, resolve_config
+from tinyllama.errors import BenchmarkError, ConfigError
+from tinyllama.models import VERSIONS, build
+from tinyllama.process_group import DistContext
+from tinyllama.settings import check_precision
+from tinyllama.timing import Stats, summarize
+from tinyllama.training import PHASES, TrainingStep, configure_determinism
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+class RankFailure(RuntimeError):
+    """A rank stopped on purpose (``--fail-rank``), to show what the others do when one fails."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Data: a map-style dataset, split across ranks by a DistributedSampler
+# ------------------------------------------------------------------------------------------------
+
+
+class SyntheticTokens(Dataset):
+    """``num_samples`` sequences of random token ids and their next-token targets, drawn once from a
+    seeded generator: sample ``i`` is the same on every rank, in every run with the same seed."""
+
+    def __init__(self, vocab_size: int, seq_len: int, num_samples: int, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(0, vocab_size, (num_samples, seq_len + 1), generator=generator)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        row = self.tokens[index]
+        return row[:-1], row[1:]
+
+
+def rank_loader(dataset: Dataset, local_batch: int, ctx: DistContext, *, shuffle: bool = False, seed: int = 0,
+                num_workers: int = 0) -> DataLoader:
+    """This rank's ``DataLoader``: a ``DistributedSampler`` gives rank ``r`` the samples ``r, r + N,
+    r + 2N, ...`` (of a permutation, with ``shuffle``), so that step ``k`` of the N ranks together
+    covers samples ``k*G .. (k+1)*G - 1`` of one process with the global batch ``G = N * local_batch``."""
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed,
+                                 drop_last=True)
+    return DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True, num_workers=num_workers)
+
+
+# ------------------------------------------------------------------------------------------------
+# Wrapping the model
+# ------------------------------------------------------------------------------------------------
+
+
+def _fully_shard() -> Callable[..., Any] | None:
+    try:  # public from PyTorch 2.6
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        try:  # PyTorch 2.4-2.5
+            from torch.distributed._composable.fsdp import fully_shard
+        except ImportError:
+            return None
+    return fully_shard
+
+
+def fsdp_available() -> bool:
+    """Whether this PyTorch has FSDP2 (``fully_shard``)."""
+    return _fully_shard() is not None
+
+
+def check_strategy(strategy: str) -> None:
+    """Raise ``ConfigError`` for an unknown strategy, or FSDP2 on a PyTorch without it."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    if strategy == "fsdp" and not fsdp_available():
+        raise ConfigError(f"FSDP2 (fully_shard) needs PyTorch 2.4 or newer; this is {torch.__version__}: "
+                          "use --strategy ddp")
+
+
+def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
+    """``model`` made data-parallel over the current process group.
+
+    DDP keeps the gradients as views into its communication buckets (``gradient_as_bucket_view``), so
+    that they are not stored twice, and does not broadcast the (constant) buffers before each forward.
+    FSDP2 shards every decoder block, then the rest (embedding, final norm, output head) with the
+    root: a block's weights are gathered only while it runs.
+    """
+    check_strategy(strategy)
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        # broadcast_buffers=False: the model's only buffers are constant (RoPE's tables, the causal mask);
+        # broadcasting them from rank 0 before every forward (DDP's default) adds a collective to each step
+        # for nothing.
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                       gradient_as_bucket_view=True, broadcast_buffers=False)
+    fully_shard = _fully_shard()
+    assert fully_shard is not None
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def inner_model(model: nn.Module) -> nn.Module:
+    """The TinyLLaMA inside a DDP wrapper (FSDP2 keeps the module itself)."""
+    return getattr(model, "module", model)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (a plain tensor is its own)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight, whole and on the CPU, under the plain model's names. Under FSDP2 this gathers
+    the shards: every rank must call it."""
+    out = {}
+    for name, tensor in inner_model(model).state_dict().items():
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        out[name] = tensor.detach().cpu().clone()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# What each rank keeps: the formula and the count
+# ------------------------------------------------------------------------------------------------
+
+
+def model_state_bytes(num_parameters: int, strategy: str, world_size: int, bytes_per_value: int = 4) -> dict[str, int]:
+    """The bytes one rank keeps between steps for weights, AdamW's two moments and (DDP) gradient
+    buckets, by the formula: fp32 weights (4 bytes a parameter), AdamW's ``exp_avg`` and
+    ``exp_avg_sq`` (8), DDP's buckets that the gradients live in (4); FSDP2 divides weights and
+    optimizer state by the world size and keeps no buckets between steps (its gradients, 4/N a
+    parameter, are freed by ``zero_grad(set_to_none=True)`` like the plain model's)."""
+    p = num_parameters
+    if strategy == "none":  # one process, the plain model
+        return {"weights": bytes_per_value * p, "optimizer state": 2 * bytes_per_value * p}
+    if strategy == "ddp":
+        return {"weights": bytes_per_value * p, "optimizer state": 2 * bytes_per_value * p,
+                "gradient buckets": bytes_per_value * p}
+    shard = -(-p // world_size)
+    return {"weights": bytes_per_value * shard, "optimizer state": 2 * bytes_per_value * shard}
+
+
+def communication_bytes(num_parameters: int, strategy: str, world_size: int, bytes_per_value: int = 4) -> int:
+    """The bytes each rank sends per training step (and receives as many) with ring collectives over
+    ``world_size`` ranks: DDP all-reduces every gradient once, ``2 (N-1)/N`` of the gradients' bytes (a
+    reduce-scatter then an all-gather); FSDP2 all-gathers every block's weights twice (forward, and
+    again for the backward) and reduce-scatters the gradients once, ``3 (N-1)/N``. One process
+    (``"none"``) sends nothing. fp32 values (4 bytes): this harness keeps fp32 weights and gradients
+    under autocast."""
+    if strategy == "none" or world_size == 1:
+        return 0
+    full = bytes_per_value * num_parameters
+    factor = {"ddp": 2, "fsdp": 3}[strategy]
+    return round(factor * (world_size - 1) / world_size * full)
+
+
+def counted_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """The bytes of the tensors this rank holds for weights and optimizer state, counted (local
+    shards only, under FSDP2): the formula's figures, checked on the real objects."""
+    weights = sum(_local(p).numel() * _local(p).element_size() for p in model.parameters())
+    state = sum(_local(t).numel() * _local(t).element_size() for s in optimizer.state.values()
+                for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+    return {"weights": weights, "optimizer state": state}
+
+
+# ------------------------------------------------------------------------------------------------
+# The result
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RankResult:
+    """What one rank measured."""
+
+    rank: int
+    device: str
+    step_ms: Stats
+    phase_ms: dict[str, float]
+    warmup_ms: list[float]
+    losses: list[float]
+    tokens_per_s: float
+    peak_memory_mib: float | None
+    allocated_at_rest_mib: float | None
+    counted_state_mib: dict[str, float]
+    communication_ms: float | None
+    exposed_communication_ms: float | None
+    collectives: list[dict[str, Any]] = field(default_factory=list)
+    trace_path: str | None = None
+
+
+@dataclass
+class DistributedResult:
+    """A distributed run: every rank's figures and the global ones. ``to_records()`` gives one flat
+    row per rank (global figures repeated) for a JSON file or a DataFrame."""
+
+    strategy: str
+    world_size: int
+    backend: str
+    library: str
+    version: str
+    preset: str
+    precision: str
+    global_batch_size: int
+    local_batch_size: int
+    seq_len: int
+    num_parameters: int
+    num_steps: int
+    warmup_steps: int
+    ranks: list[RankResult]
+    losses: list[float]
+    tokens_per_s: float
+    slowest_step_ms: float
+    predicted_state_mib: dict[str, float]
+    baseline_tokens_per_s: float | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, torch.Tensor] | None = None
+    torch_version: str = torch.__version__
+    timestamp: str = field(default_factory=lambda: _dt.datetime.now().isoformat(timespec="seconds"))
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        """Global tokens/s against N times the 1-GPU tokens/s of the same per-GPU batch."""
+        if not self.baseline_tokens_per_s:
+            return None
+        return self.tokens_per_s / (self.world_size * self.baseline_tokens_per_s)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One flat dict per rank: the run's settings and global figures, then the rank's own."""
+        skip = ("ranks", "weights", "config", "predicted_state_mib")
+        common = {k: v for k, v in asdict(self).items() if k not in skip}
+        common["scaling_efficiency"] = self.scaling_efficiency
+        common.update({f"config_{k}": v for k, v in self.config.items()})
+        common.update({f"predicted_{k.replace(' ', '_')}_mib": v for k, v in self.predicted_state_mib.items()})
+        common["predicted_state_mib"] = sum(self.predicted_state_mib.values())
+        records = []
+        for r in self.ranks:
+            row = dict(common)
+            row.update({"rank": r.rank, "device": r.device, "rank_tokens_per_s": r.tokens_per_s,
+                        "rank_losses": r.losses, "warmup_ms": r.warmup_ms,
+                        "peak_memory_mib": r.peak_memory_mib, "allocated_at_rest_mib": r.allocated_at_rest_mib,
+                        "communication_ms": r.communication_ms,
+                        "exposed_communication_ms": r.exposed_communication_ms, "collectives": r.collectives,
+                        "trace_path": r.trace_path})
+            row.update(r.step_ms.as_dict(prefix="step_ms_"))
+            row.update({f"{phase}_ms_median": ms for phase, ms in r.phase_ms.items()})
+            row.update({f"counted_{k.replace(' ', '_')}_mib": v for k, v in r.counted_state_mib.items()})
+            records.append(row)
+        return records
+
+    def summary(self) -> str:
+        """A few lines: every rank, then the global figures."""
+        how = ("one process, the plain model" if self.strategy == "none" else
+               f"{self.strategy.upper()} on {self.world_size} process(es), {self.library}")
+        lines = [f"TinyLLaMA {self.version} | {self.preset} | {self.precision} | {how} | global batch "
+                 f"{self.global_batch_size} ({self.local_batch_size} per rank) x seq {self.seq_len}, "
+                 f"{self.num_parameters / 1e6:.1f}M parameters"]
+        for r in self.ranks:
+            memory = "n/a on the CPU" if r.peak_memory_mib is None else f"{r.peak_memory_mib:,.0f} MiB"
+            comm = "" if r.communication_ms is None else f", communication {r.communication_ms:.2f} ms/step" + (
+                "" if r.exposed_communication_ms is None else f" ({r.exposed_communication_ms:.2f} exposed)")
+            lines.append(f"  [rank {r.rank}/{self.world_size}] {r.device}: step {r.step_ms.median:.2f} ms median "
+                         f"(p10 {r.step_ms.p10:.2f}, p90 {r.step_ms.p90:.2f}), {r.tokens_per_s:,.0f} tokens/s, "
+                         f"peak memory {memory}{comm}")
+        lines.append(f"  global: {self.tokens_per_s:,.0f} tokens/s (slowest rank {self.slowest_step_ms:.2f} ms/step), "
+                     f"loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}")
+        if self.scaling_efficiency is not None:
+            lines.append(f"  scaling efficiency {100 * self.scaling_efficiency:.1f}% against {self.world_size} x "
+                         f"{self.baseline_tokens_per_s:,.0f} tokens/s (1 process, same per-GPU batch)")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------
+
+
+class _FailAt:
+    """A training step that raises ``RankFailure`` at call ``at`` (0-based): a rank that crashes."""
+
+    def __init__(self, step: TrainingStep, at: int, label: str) -> None:
+        self.step, self.at, self.label, self.calls = step, at, label, 0
+        self.device = step.device
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.calls == self.at:
+            raise RankFailure(f"{self.label} stopped on purpose at step {self.at} (--fail-rank): this is what a "
+                              "crashed rank looks like to the others")
+        self.calls += 1
+        return self.step(*args, **kwargs)
+
+
+def rank_device(ctx: DistContext, name: str | None = None) -> torch.device:
+    """This rank's device: ``name`` when given, else the GPU of its local rank, else the CPU."""
+    if name is not None:
+        return dev.get_device(name)
+    if dev.backend() == "cpu":
+        return torch.device("cpu")
+    return dev.get_device(f"cuda:{ctx.local_rank}")
+
+
+def run_distributed(
+    strategy: str = "ddp",
+    version: str = "v1",
+    preset: str = "tiny",
+    *,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    precision: str = "fp32",
+    num_steps: int = 20,
+    warmup_steps: int = 3,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dataset: Dataset | None = None,
+    shuffle: bool = False,
+    baseline_tokens_per_s: float | None = None,
+    profiled_steps: int = 2,
+    trace_dir: str | Path | None = None,
+    return_weights: bool = False,
+    fail_rank: int | None = None,
+    fail_step: int = 1,
+    model_options: dict[str, Any] | None = None,
+    progress: bool = True,
+    **config_overrides: Any,
+) -> DistributedResult:
+    """Train ``num_steps`` timed steps (after ``warmup_steps``) on every rank of the current process
+    group, and return every rank's figures and the global ones (on every rank).
+
+    ``batch_size`` is the global batch. Outside a process group this is one process training the plain
+    model (no wrapper; the result's strategy is ``"none"``): the reference that N ranks must reproduce.
+    ``dataset`` is any map-style dataset of ``(inputs, targets)`` pairs (default: ``SyntheticTokens``); its ``seq_len`` must match.
+    ``profiled_steps`` more steps run under the PyTorch profiler for the communication time (0: none);
+    with ``trace_dir`` each rank writes their trace there (``STRATEGY-rankR-TIME.json``, for Perfetto).
+    ``return_weights`` gathers the final weights (whole, on the CPU) into ``result.weights``.
+    ``fail_rank`` makes that rank raise ``RankFailure`` at timed-or-warm-up step ``fail_step``.
+    """
+    check_precision(precision)
+    check_strategy(strategy)
+    if num_steps < 1 or warmup_steps < 0 or profiled_steps < 0:
+        raise ConfigError(f"need num_steps >= 1 and warmup_steps, profiled_steps >= 0 "
+                          f"(got {num_steps}, {warmup_steps}, {profiled_steps})")
+    if version not in VERSIONS:
+        raise ConfigError(f"unknown version {version!r}: choose one of {', '.join(VERSIONS)}")
+    ctx = process_group.current()
+    config, batch_size, seq_len = resolve_config(preset, batch_size, seq_len, **config_overrides)
+    local_batch = ctx.local_batch(batch_size)
+    device = rank_device(ctx, None if device is None else str(device))
+    steps_needed = warmup_steps + num_steps
+    if dataset is None:
+        dataset = SyntheticTokens(config.vocab_size, seq_len, batch_size * min(steps_needed, 8), seed=seed)
+    batches = _fetch_batches(rank_loader(dataset, local_batch, ctx, shuffle=shuffle, seed=seed), steps_needed, device)
+
+    configure_determinism(seed, deterministic=False)  # the same initial weights on every rank
+    model = build(version, config, **dict(model_options or {})).to(device).train()
+    num_parameters = sum(p.numel() for p in model.parameters())
+    wrapped = wrap(model, strategy, device) if dist.is_initialized() else model
+    step = TrainingStep(wrapped, precision, device, fused_optimizer=getattr(model, "fused_optimizer", False))
+    inputs, targets = batches[0]
+    check_every_parameter_trained(wrapped, lambda: step.loss(inputs, targets))
+    runner: Any = _FailAt(step, fail_step, ctx.label) if fail_rank == ctx.rank else step
+    warmup_ms, phase_ms, losses = _time_steps(runner, batches, warmup_steps, num_steps,
+                                              f"{strategy} {version} {precision}" if progress and ctx.is_main else None)
+    memory = dev.memory_stats(device)
+    at_rest = None if memory.current_bytes is None else memory.current_bytes / 2**20
+    counted = {k: v / 2**20 for k, v in counted_state_bytes(wrapped, step.optimizer).items()}
+    communication, trace = _profile_communication(step, batches, profiled_steps, device, trace_dir,
+                                                  f"{strategy if dist.is_initialized() else 'none'}-rank{ctx.rank}")
+    step_stats = summarize([sum(parts) for parts in zip(*(phase_ms[p] for p in PHASES))])
+    mine = RankResult(
+        rank=ctx.rank, device=dev.device_name(device), step_ms=step_stats,
+        phase_ms={p: summarize(phase_ms[p]).median for p in PHASES}, warmup_ms=warmup_ms, losses=losses,
+        tokens_per_s=local_batch * seq_len / (step_stats.median / 1e3), peak_memory_mib=memory.peak_mib,
+        allocated_at_rest_mib=at_rest, counted_state_mib=counted,
+        communication_ms=None if communication is None else communication.communication_ms,
+        exposed_communication_ms=None if communication is None else communication.exposed_ms,
+        collectives=[] if communication is None else communication.collectives.to_dict("records"),
+        trace_path=None if trace is None else str(trace),
+    )
+    weights = full_state_dict(wrapped) if return_weights else None
+    ranks = process_group.gather(mine, ctx)
+    global_losses = [sum(values) / len(values) for values in zip(*(r.losses for r in ranks))]
+    slowest = max(r.step_ms.median for r in ranks)
+    kind = strategy if dist.is_initialized() else "none"
+    predicted = {k: v / 2**20 for k, v in model_state_bytes(num_parameters, kind, ctx.world_size).items()}
+    backend = ctx.backend or dev.collective_backend(device)
+    return DistributedResult(
+        strategy=kind, world_size=ctx.world_size, backend=backend, library=dev.collective_library(backend),
+        version=version, preset=preset,
+        precision=precision, global_batch_size=batch_size, local_batch_size=local_batch, seq_len=seq_len,
+        num_parameters=num_parameters, num_steps=num_steps, warmup_steps=warmup_steps, ranks=ranks,
+        losses=global_losses, tokens_per_s=batch_size * seq_len / (slowest / 1e3), slowest_step_ms=slowest,
+        predicted_state_mib=predicted, baseline_tokens_per_s=baseline_tokens_per_s, config=config.to_dict(),
+        weights=weights,
+    )
+
+
+def _fetch_batches(loader: DataLoader, count: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``count`` batches of ``loader`` on ``device`` (the loader is read again from its start
+    when it runs out). Fetched before timing, so that the timed steps measure the training step, as
+    ``tinyllama.bench`` does."""
+    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+    while len(batches) < count:
+        before = len(batches)
+        for inputs, targets in loader:
+            batches.append((inputs.to(device), targets.to(device)))
+            if len(batches) == count:
+                break
+        if len(batches) == before:
+            raise ConfigError("the dataset has fewer samples than one global batch: use a smaller --batch-size")
+    return batches
+
+
+def _profile_communication(step: TrainingStep, batches: list[tuple[torch.Tensor, torch.Tensor]], steps: int,
+                           device: torch.device, trace_dir: str | Path | None, name: str) -> tuple[Any, Path | None]:
+    """``steps`` more training steps under the PyTorch profiler: their communication time, and the
+    path of the trace written to ``trace_dir`` (``None`` without one)."""
+    if steps < 1:
+        return None, None
+    from tinyllama.profiling.communication import communication_time
+    from tinyllama.profiling.torch_profiler import profile_steps
+
+    calls = iter(range(10**9))
+    run = profile_steps(lambda: step(*batches[next(calls) % len(batches)]), device=device, wait=0, warmup=1,
+                        active=steps, trace_dir=trace_dir, name=name)
+    return communication_time(run), run.trace_path
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading records back
+# ------------------------------------------------------------------------------------------------
+
+RUN_KEYS = ("preset", "version", "precision", "strategy", "local_batch_size", "seq_len")
+
+
+def scaling_table(records: Sequence[dict[str, Any]]) -> Any:
+    """One row per run (``to_records()`` rows, from any number of runs and files): processes, global
+    tokens/s, the slowest rank's step, the largest peak memory and communication of any rank, and the
+    scaling efficiency against the 1-process run of the same settings and per-GPU batch (``NaN``
+    where there is none). Sorted by the run's settings, then the number of processes."""
+    import pandas as pd
+
+    frame = pd.DataFrame(list(records))
+    if frame.empty:
+        return frame
+    for column in ("peak_memory_mib", "communication_ms", "exposed_communication_ms"):
+        if column not in frame:
+            frame[column] = float("nan")
+    keys = [*RUN_KEYS, "world_size", "timestamp"]
+    runs = frame.groupby(keys, as_index=False, dropna=False).agg(
+        tokens_per_s=("tokens_per_s", "first"), slowest_step_ms=("slowest_step_ms", "first"),
+        peak_memory_mib=("peak_memory_mib", "max"), communication_ms=("communication_ms", "max"),
+        exposed_communication_ms=("exposed_communication_ms", "max"), device=("device", "first"),
+        library=("library", "first"))
+    runs = runs.sort_values("timestamp").drop_duplicates([*RUN_KEYS, "world_size"], keep="last")
+    single = runs[runs.world_size == 1].set_index(list(RUN_KEYS))["tokens_per_s"]
+    baseline = runs.set_index(list(RUN_KEYS)).index.map(lambda key: single.get(key, float("nan")))
+    runs["scaling_efficiency"] = runs["tokens_per_s"].to_numpy() / (runs["world_size"].to_numpy() * baseline.to_numpy())
+    return runs.sort_values([*RUN_KEYS, "world_size"], ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchrun --nproc-per-node N -m tinyllama.distributed",
+        description="Data-parallel TinyLLaMA training (DDP or FSDP2) on N processes: every rank's step time, "
+                    "tokens/s and memory, the global figures, scaling efficiency and communication time.",
+        epilog="examples:\n"
+               "  torchrun --nproc-per-node 2 -m tinyllama.distributed --strategy ddp --preset medium --batch-size 32\n"
+               "  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\\n"
+               "      -m tinyllama.distributed --strategy fsdp --preset large --batch-size 128\n"
+               "  python -m tinyllama.distributed ...   (one process, the plain model: the 1-GPU reference)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--strategy", nargs="+", default=["ddp"],
+                        help=f"{' or '.join(STRATEGIES)} (FSDP2, fully_shard), or both, run one after the other "
+                             "in the same processes (default ddp)")
+    parser.add_argument("--version", default="v1", help=f"model version ({', '.join(VERSIONS)})")
+    add_problem_size_arguments(parser)
+    parser.set_defaults()
+    add_run_arguments(parser, result="records, one per rank,")
+    parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16")
+    parser.add_argument("--backend", help="nccl (GPUs: NCCL, or RCCL on AMD) or gloo (CPU); default: by device")
+    parser.add_argument("--timeout-s", type=float, default=process_group.DEFAULT_TIMEOUT_S,
+                        help="seconds any collective may wait for the other ranks "
+                             f"(default {process_group.DEFAULT_TIMEOUT_S:.0f})")
+    parser.add_argument("--baseline-tokens-per-s", type=float,
+                        help="tokens/s of a 1-GPU run with the same per-GPU batch: prints the scaling efficiency")
+    parser.add_argument("--profiled-steps", type=int, default=2,
+                        help="steps profiled after the timed ones, for the communication time (0: none; default 2)")
+    parser.add_argument("--trace-dir", metavar="DIR", help="every rank writes the profiled steps' trace there "
+                                                            "(Chrome/Perfetto JSON)")
+    parser.add_argument("--save-weights", metavar="PATH", help="rank 0 saves the final weights (whole) to PATH "
+                                                                "(a new name if PATH exists)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a switch of the version, e.g. --option sdpa=1 (repeatable)")
+    parser.add_argument("--fail-rank", type=int, help="this rank raises an error at --fail-step (to see how a "
+                                                      "failure ends the run)")
+    parser.add_argument("--fail-step", type=int, default=1, help="the step --fail-rank fails at (default 1)")
+    return parser
+
+
+class _Stopped(Exception):
+    """torchrun (or the user) sent SIGTERM: another rank has failed, or the run was interrupted."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Stopped()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point for every rank; returns the exit status (0, 1 failure, 2 bad settings)."""
+    args = build_parser().parse_args(argv)
+    ctx = process_group.from_environment()
+    prefix = f"error ({ctx.label})" if ctx.distributed else "error"
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        # Refused before any rank waits for another: every rank finds the same fault and says so.
+        for strategy in args.strategy:
+            check_strategy(strategy)
+        check_precision(args.precision)
+        _, global_batch, _ = resolve_config(args.preset, args.batch_size, args.seq_len, **shape_overrides(args))
+        ctx.local_batch(global_batch)
+        if args.fail_rank is not None and not 0 <= args.fail_rank < ctx.world_size:
+            raise ConfigError(f"--fail-rank must be between 0 and {ctx.world_size - 1}")
+        device = rank_device(ctx, args.device)
+        dev.check_collective_backend(args.backend or dev.collective_backend(device), device)
+        if process_group.launched_by_torchrun():
+            ctx = process_group.join(device, backend=args.backend, timeout_s=args.timeout_s)
+        results = []
+        for strategy in args.strategy:
+            results.append(run_distributed(
+                strategy, args.version, args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
+                precision=args.precision, num_steps=args.num_steps, warmup_steps=args.warmup_steps, seed=args.seed,
+                device=device, baseline_tokens_per_s=args.baseline_tokens_per_s, profiled_steps=args.profiled_steps,
+                trace_dir=args.trace_dir, return_weights=bool(args.save_weights), fail_rank=args.fail_rank,
+                fail_step=args.fail_step, model_options=dict(parse_option(o) for o in args.option),
+                progress=not args.quiet, **shape_overrides(args)))
+            dev.free_memory(device)
+    except (ValueError, dev.DeviceUnavailable) as error:  # ConfigError included
+        print(f"{prefix}: {error}", file=sys.stderr, flush=True)
+        return 2
+    except (BenchmarkError, CorrectnessError, RankFailure) as error:
+        print(f"{prefix}: {error}", file=sys.stderr, flush=True)
+        return 1
+    except _Stopped:
+        print(f"{prefix}: stopped by torchrun: another rank failed (its error is above) or the run was interrupted",
+              file=sys.stderr, flush=True)
+        return 1
+    except RuntimeError as error:  # a collective that lost its peers or timed out
+        if dev.is_out_of_memory(error):
+            print(f"{prefix}: out of memory on {ctx.label}: use a smaller --batch-size or --seq-len, or --strategy "
+                  "fsdp", file=sys.stderr, flush=True)
+            return 1
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"{prefix}: a collective failed ({first[:300]}): another rank has probably failed or timed out "
+              f"(--timeout-s {args.timeout_s:.0f}); its error is above", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        process_group.teardown()
+    if ctx.is_main:
+        from tinyllama.records import append_json, unique_path
+
+        for result in results:
+            print(result.summary(), flush=True)
+            if args.json:
+                print(f"  appended {len(result.ranks)} record(s) to {append_json(args.json, result.to_records())}")
+            if args.save_weights:
+                path = unique_path(args.save_weights)
+                torch.save(result.weights, path)
+                print(f"  final weights saved to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
