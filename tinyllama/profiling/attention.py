@@ -96,6 +96,25 @@ def backend_from_operators(names: list[str]) -> tuple[str, str]:
     return "unknown", next((n for n in names if "scaled_dot_product" in n), "none recorded")
 
 
+def refusal_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, causal: bool = True) -> str | None:
+    """Why SDPA's ``backend`` cannot run these tensors, in PyTorch's own words (the warnings it gives
+    when a backend is forced and refused, else the error's first line); None when it runs them."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.no_grad():
+                sdpa(q, k, v, causal, backend)
+            dev.synchronize(q.device)
+            return None
+        except RuntimeError as error:
+            # PyTorch warns a header ("... kernel not used because:") and then one line per reason.
+            said = [str(w.message).strip().splitlines()[0] for w in caught]
+            said = [line for line in said if line and not line.endswith("because:")]
+            return "; ".join(dict.fromkeys(said)) or str(error).splitlines()[0]
+
+
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                  backend: str | None = None) -> BackendChoice:
     """Which backend :func:`sdpa` runs for these tensors (forward and, when they require gradients, the
