@@ -55,7 +55,7 @@ from tinyllama.models import VERSIONS, build
 from tinyllama.process_group import DistContext
 from tinyllama.settings import check_precision
 from tinyllama.timing import Stats, summarize
-from tinyllama.training import PHASES, TrainingStep, configure_determinism
+from tinyllama.training import DATA_PHASES, TrainingStep, configure_determinism
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -340,6 +340,14 @@ class _FailAt:
         self.calls += 1
         return self.step(*args, **kwargs)
 
+    def accumulate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``TrainingStep.accumulate``, failing at call ``at`` like ``__call__``."""
+        if self.calls == self.at:
+            raise RankFailure(f"{self.label} stopped on purpose at step {self.at} (--fail-rank): this is what a "
+                              "crashed rank looks like to the others")
+        self.calls += 1
+        return self.step.accumulate(*args, **kwargs)
+
 
 def rank_device(ctx: DistContext, name: str | None = None) -> torch.device:
     """This rank's device: ``name`` when given, else the GPU of its local rank, else the CPU."""
@@ -409,17 +417,17 @@ def run_distributed(
     inputs, targets = batches[0]
     check_every_parameter_trained(wrapped, lambda: step.loss(inputs, targets))
     runner: Any = _FailAt(step, fail_step, ctx.label) if fail_rank == ctx.rank else step
-    warmup_ms, phase_ms, losses = _time_steps(runner, batches, warmup_steps, num_steps,
+    warmup_ms, phase_ms, losses = _time_steps(runner, iter(batches), 1, warmup_steps, num_steps,
                                               f"{strategy} {version} {precision}" if progress and ctx.is_main else None)
     memory = dev.memory_stats(device)
     at_rest = None if memory.current_bytes is None else memory.current_bytes / 2**20
     counted = {k: v / 2**20 for k, v in counted_state_bytes(wrapped, step.optimizer).items()}
     communication, trace = _profile_communication(step, batches, profiled_steps, device, trace_dir,
                                                   f"{strategy if dist.is_initialized() else 'none'}-rank{ctx.rank}")
-    step_stats = summarize([sum(parts) for parts in zip(*(phase_ms[p] for p in PHASES))])
+    step_stats = summarize([sum(parts) for parts in zip(*(phase_ms[p] for p in DATA_PHASES))])
     mine = RankResult(
         rank=ctx.rank, device=dev.device_name(device), step_ms=step_stats,
-        phase_ms={p: summarize(phase_ms[p]).median for p in PHASES}, warmup_ms=warmup_ms, losses=losses,
+        phase_ms={p: summarize(phase_ms[p]).median for p in DATA_PHASES}, warmup_ms=warmup_ms, losses=losses,
         tokens_per_s=local_batch * seq_len / (step_stats.median / 1e3), peak_memory_mib=memory.peak_mib,
         allocated_at_rest_mib=at_rest, counted_state_mib=counted,
         communication_ms=None if communication is None else communication.communication_ms,
