@@ -35,3 +35,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def device() -> torch.device:
     """The device tests run on: the GPU where there is one, else the CPU."""
     return torch.device(DEVICE)
+
+
+@pytest.fixture
+def strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checks raise on a wrong answer (as under nbval in CI), so a test can expect the failure."""
+    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+
+
+@pytest.fixture
+def lenient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checks print their verdict and go on, as in a participant's notebook."""
+    monkeypatch.delenv("WORKSHOP_STRICT", raising=False)

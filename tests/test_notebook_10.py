@@ -28,11 +28,6 @@ def activations(c, batch, seq):
     return 4 * (c.num_layers * per_layer + 3 * batch * seq * h + batch * seq * c.vocab_size)
 
 
-@pytest.fixture
-def strict(monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "1")
-
-
 def test_parameter_check_passes_the_right_count_and_names_the_missing_part(strict, capsys):
     assert bc.check_parameter_formula(params)
     with pytest.raises(CheckpointFailed, match="misses the output head"):

@@ -11,13 +11,10 @@ from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.models import build
 from tinyllama.profiling import modules
 
+pytestmark = pytest.mark.usefixtures("lenient")
+
 PRESET = get_preset("ci")
 CONFIG = PRESET.model
-
-
-@pytest.fixture(autouse=True)
-def lenient(monkeypatch):
-    monkeypatch.delenv("WORKSHOP_STRICT", raising=False)
 
 
 def reference_classify(operator, module):

@@ -10,12 +10,9 @@ from tinyllama import course, kernel_costs
 from tinyllama.course.reveal import reveal
 from tinyllama.kernels import rmsnorm_reference
 
+pytestmark = pytest.mark.usefixtures("lenient")
+
 SHAPES = [(3, 5), (7, 100), (33, 257)]
-
-
-@pytest.fixture(autouse=True)
-def lenient(monkeypatch):
-    monkeypatch.delenv("WORKSHOP_STRICT", raising=False)
 
 
 # ---- the library helpers --------------------------------------------------------------------------

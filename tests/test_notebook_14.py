@@ -4,48 +4,36 @@ WORKSHOP_STRICT=1)."""
 
 import math
 
-import nbformat
 import pytest
 import torch
 
+from notebook_exercises import SolutionExercises
 from tinyllama import course
 from tinyllama.course.checkpoints import CheckpointFailed
-from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
 from tinyllama.kernels import flash_attention_reference
+
+pytestmark = pytest.mark.usefixtures("strict")
 
 PATH = checkout_root() / "solutions" / "14_flash_attention.ipynb"
 
 
 @pytest.fixture(scope="module")
 def notebook():
-    nb = nbformat.read(PATH, as_version=4)
-    return nb, exercises(nb, PATH.stem)
+    return SolutionExercises(PATH.stem)
 
 
-def _run(nb, found, exercise, replace=None, setup=""):
+def _run(notebook, exercise, replace=None, setup=""):
     """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
-    index, _ = found[exercise]
-    source = nb.cells[index].source
-    if replace is not None:
-        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
-        source = source.replace(*replace)
     namespace = {"torch": torch, "math": math, "course": course, "flash_attention_reference": flash_attention_reference}
     exec(setup, namespace)
-    exec(source, namespace)
-    exec(nb.cells[index + 1].source, namespace)
-
-
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+    notebook.run(exercise, namespace, replace)
 
 
 def test_the_reference_answers_pass(notebook):
-    nb, found = notebook
-    assert set(found) == {"14.1", "14.2", "14.3", "14.4"}
+    assert set(notebook.found) == {"14.1", "14.2", "14.3", "14.4"}
     for exercise in ("14.1", "14.2", "14.3"):
-        _run(nb, found, exercise)
+        _run(notebook, exercise)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -54,15 +42,13 @@ def test_the_reference_answers_pass(notebook):
     ("intensity_naive = attention_flops / naive_bytes", "intensity_naive = attention_flops / fused_bytes"),  # no S^2 traffic
 ])
 def test_score_bytes_and_intensity_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "14.1", mistake)
+        _run(notebook, "14.1", mistake)
 
 
 def test_intensity_without_the_two_flops_per_multiply_add_passes_only_within_the_range(notebook):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):  # intensity of written-out attention counted per byte of S, not S^2
-        _run(nb, found, "14.1", ("naive_bytes = 2 * (4 * B * H * S * D + 4 * B * H * S * S)",
+        _run(notebook, "14.1", ("naive_bytes = 2 * (4 * B * H * S * D + 4 * B * H * S * S)",
                                  "naive_bytes = 2 * (4 * B * H * S * D + 4 * B * H * S)"))
 
 
@@ -72,9 +58,8 @@ def test_intensity_without_the_two_flops_per_multiply_add_passes_only_within_the
     ("m = m_new", "pass"),  # the running maximum never kept
 ])
 def test_online_softmax_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "14.2", mistake)
+        _run(notebook, "14.2", mistake)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -84,9 +69,8 @@ def test_online_softmax_mistakes_fail(notebook, mistake):
     ("acc = acc * alpha[..., None] + p @ v_tile", "acc = acc + p @ v_tile"),  # acc not rescaled
 ])
 def test_tiled_attention_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "14.3", mistake)
+        _run(notebook, "14.3", mistake)
 
 
 def test_memory_prediction_in_bf16_bytes_fails():

@@ -5,15 +5,16 @@ compiled), as the profiler gave them."""
 
 import math
 
-import nbformat
 import pandas as pd
 import pytest
 
+from notebook_exercises import SolutionExercises
 from tinyllama import course
 from tinyllama.course import compile_checks
 from tinyllama.course.checkpoints import CheckpointFailed
-from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
+
+pytestmark = pytest.mark.usefixtures("strict")
 
 PATH = checkout_root() / "solutions" / "16_sdpa_and_compile.ipynb"
 SDPA_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
@@ -26,8 +27,7 @@ PROFILE_NAMES = ["aten::scaled_dot_product_attention", SDPA_CPU, "aten::mm", "cp
 
 @pytest.fixture(scope="module")
 def notebook():
-    nb = nbformat.read(PATH, as_version=4)
-    return nb, exercises(nb, PATH.stem)
+    return SolutionExercises(PATH.stem)
 
 
 def _namespace():
@@ -36,28 +36,15 @@ def _namespace():
                 "check_backend_reader", "check_break_even", "check_operator_fates")}}
 
 
-def _run(nb, found, exercise, replace=None):
+def _run(notebook, exercise, replace=None):
     """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
-    index, _ = found[exercise]
-    source = nb.cells[index].source
-    if replace is not None:
-        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
-        source = source.replace(*replace)
-    namespace = _namespace()
-    exec(source, namespace)
-    exec(nb.cells[index + 1].source, namespace)
-
-
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+    notebook.run(exercise, _namespace(), replace)
 
 
 def test_the_reference_answers_pass(notebook):
-    nb, found = notebook
-    assert set(found) == {"16.1", "16.2", "16.3"}
+    assert set(notebook.found) == {"16.1", "16.2", "16.3"}
     for exercise in ("16.1", "16.2", "16.3"):
-        _run(nb, found, exercise)
+        _run(notebook, exercise)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -68,9 +55,8 @@ def test_the_reference_answers_pass(notebook):
      "if any(operator.split('_scaled_dot_product_')[1].split('_')[0] in name for name in names):"),
 ])
 def test_backend_reader_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "16.1", mistake)
+        _run(notebook, "16.1", mistake)
 
 
 def test_a_reader_that_matches_kernel_substrings_fails():
@@ -88,9 +74,8 @@ def test_a_reader_that_matches_kernel_substrings_fails():
     ('predicted_fates["aten::embedding"] = "same"\n', ""),  # a required operator left without a prediction
 ])
 def test_operator_fate_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "16.2", mistake)
+        _run(notebook, "16.2", mistake)
 
 
 def test_an_operator_not_in_the_eager_step_is_refused():
@@ -104,9 +89,8 @@ def test_an_operator_not_in_the_eager_step_is_refused():
     ("compile_s / saved_s", "saved_s / compile_s"),  # upside down
 ])
 def test_break_even_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "16.3", mistake)
+        _run(notebook, "16.3", mistake)
 
 
 def test_break_even_sentence():

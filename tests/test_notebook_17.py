@@ -4,11 +4,11 @@ predictions as the notebook expects."""
 
 import math
 
-import nbformat
 import pandas as pd
 import pytest
 import torch
 
+from notebook_exercises import SolutionExercises
 from tinyllama import course
 from tinyllama import flops as model_flops
 from tinyllama.comparison.parity import TOLERANCES
@@ -16,21 +16,16 @@ from tinyllama.comparison.runs import parse_run
 from tinyllama.config import get_preset
 from tinyllama.course import versions
 from tinyllama.course.checkpoints import CheckpointFailed
-from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
+
+pytestmark = pytest.mark.usefixtures("strict")
 
 PATH = checkout_root() / "solutions" / "17_version_comparison.ipynb"
 
 
 @pytest.fixture(scope="module")
 def notebook():
-    nb = nbformat.read(PATH, as_version=4)
-    return nb, exercises(nb, PATH.stem)
-
-
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+    return SolutionExercises(PATH.stem)
 
 
 def _run_record(label, step_ms, ceiling=100.0, tokens=8 * 64, flops_per_step=6.0e12, **extra):
@@ -59,48 +54,40 @@ def _record(config, batch, seq, graphs=True):
     return {"runs": runs}
 
 
-def _exec(nb, found, exercise, replace=None, namespace=None):
-    index, _ = found[exercise]
-    source = nb.cells[index].source
-    if replace is not None:
-        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
-        source = source.replace(*replace)
+def _exec(notebook, exercise, replace=None, namespace=None):
+    """Run the solution cell of ``exercise`` (with ``replace`` applied); return the namespace and the check cell."""
     namespace = {"torch": torch, "pd": pd, "math": math, "course": course, "versions": versions,
                  "model_flops": model_flops, **(namespace or {})}
-    exec(source, namespace)
-    return namespace, nb.cells[index + 1].source
+    return notebook.run(exercise, namespace, replace, check=False), notebook.check_source(exercise)
 
 
-def _run(nb, found, exercise, replace=None, namespace=None):
+def _run(notebook, exercise, replace=None, namespace=None):
     """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
-    namespace, check = _exec(nb, found, exercise, replace, namespace)
+    namespace, check = _exec(notebook, exercise, replace, namespace)
     exec(check, namespace)
     return namespace
 
 
 def test_the_notebook_has_six_exercises(notebook):
-    _, found = notebook
-    assert set(found) == {"17.1", "17.2", "17.3", "17.4", "17.5", "17.6"}
+    assert set(notebook.found) == {"17.1", "17.2", "17.3", "17.4", "17.5", "17.6"}
 
 
 def test_the_reference_answers_pass(notebook):
-    nb, found = notebook
     table = versions.example_correctness_table()
-    _run(nb, found, "17.1")
-    tolerance = _run(nb, found, "17.2", namespace={"correctness": table})
-    _run(nb, found, "17.3", namespace={"correctness": table, "precision": "bf16",
+    _run(notebook, "17.1")
+    tolerance = _run(notebook, "17.2", namespace={"correctness": table})
+    _run(notebook, "17.3", namespace={"correctness": table, "precision": "bf16",
                                        "share_of_tolerance": tolerance["share_of_tolerance"]})
-    _run(nb, found, "17.4")
-    _run(nb, found, "17.6")
+    _run(notebook, "17.4")
+    _run(notebook, "17.6")
 
 
 def test_reading_the_table_wrongly_fails(notebook):
-    nb, found = notebook
-    namespace = _run(nb, found, "17.2", namespace={"correctness": versions.example_correctness_table()})
+    namespace = _run(notebook, "17.2", namespace={"correctness": versions.example_correctness_table()})
     for mistake in (("worst_run = shares.idxmax()[0]", "worst_run = 'v4:bf16'"),  # the largest absolute error
                     ("within_tolerance = bool((shares <= 1.0).all())", "within_tolerance = False")):
         with pytest.raises(CheckpointFailed):
-            _run(nb, found, "17.3", mistake, namespace={"correctness": namespace["correctness"], "precision": "bf16",
+            _run(notebook, "17.3", mistake, namespace={"correctness": namespace["correctness"], "precision": "bf16",
                                                         "share_of_tolerance": namespace["share_of_tolerance"]})
 
 
@@ -110,15 +97,13 @@ def test_reading_the_table_wrongly_fails(notebook):
     ("(1.0 - 1.0 / speedups).sum()", "(1.0 - 1.0 / speedups).max()"),  # only the largest remedy counted
 ])
 def test_combined_speedup_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "17.1", mistake)
+        _run(notebook, "17.1", mistake)
 
 
 def test_multiplying_the_speedups_is_named(notebook, capsys, monkeypatch):
     monkeypatch.setenv("WORKSHOP_STRICT", "0")
-    nb, found = notebook
-    _run(nb, found, "17.1", ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)",
+    _run(notebook, "17.1", ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)",
                              "return speedups.prod()"))
     assert "multiplies the speed-ups" in capsys.readouterr().out
 
@@ -133,9 +118,8 @@ def test_combined_speedup_is_amdahl_for_disjoint_parts():
     ("return shares.max(axis=1)", "return shares.mean(axis=1)"),
 ])
 def test_share_of_tolerance_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "17.2", mistake, namespace={"correctness": versions.example_correctness_table()})
+        _run(notebook, "17.2", mistake, namespace={"correctness": versions.example_correctness_table()})
 
 
 def test_worst_run_is_the_one_nearest_its_tolerance_not_the_largest_error():
@@ -156,9 +140,8 @@ def test_worst_run_is_the_one_nearest_its_tolerance_not_the_largest_error():
     ("+ config.num_layers * 2 * 2 * seq_len * config.hidden_dim", ""),  # no attention products
 ])
 def test_flops_per_token_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "17.4", mistake)
+        _run(notebook, "17.4", mistake)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -167,19 +150,17 @@ def test_flops_per_token_mistakes_fail(notebook, mistake):
      "return 100 * tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)"),
 ])
 def test_mfu_mistakes_fail_against_the_record(notebook, mistake):
-    nb, found = notebook
     config = get_preset("medium").model
-    namespace, _ = _exec(nb, found, "17.5", mistake)
+    namespace, _ = _exec(notebook, "17.5", mistake)
     record = _record(config, 16, 512)
     with pytest.raises(CheckpointFailed):
         versions.check_mfu_from_tokens(namespace["mfu_from_tokens"], record, model_flops.training_flops(config, 1, 512) / 512)
 
 
 def test_mfu_from_the_reference_answer_matches_compare(notebook):
-    nb, found = notebook
     config = get_preset("medium").model
-    flops, _ = _exec(nb, found, "17.4")
-    mfu, _ = _exec(nb, found, "17.5")
+    flops, _ = _exec(notebook, "17.4")
+    mfu, _ = _exec(notebook, "17.5")
     assert versions.check_mfu_from_tokens(mfu["mfu_from_tokens"], _record(config, 16, 512),
                                           flops["flops_per_token"](config, 512))
 
@@ -191,9 +172,8 @@ def test_mfu_from_the_reference_answer_matches_compare(notebook):
     ("return 1.0 - graphed_ms / eager_ms", "return float((1.0 - graphed_ms / eager_ms).mean())"),
 ])
 def test_host_share_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "17.6", mistake)
+        _run(notebook, "17.6", mistake)
 
 
 def test_version_runs_parse_and_put_the_baseline_first():

@@ -10,21 +10,22 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import nbformat  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from notebook_exercises import SolutionExercises  # noqa: E402
 from tinyllama import course, intensity  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
 from tinyllama.course.bottlenecks import slip_hint  # noqa: E402
 from tinyllama.course.checkpoints import CheckpointFailed  # noqa: E402
-from tinyllama.course.make_notebooks import exercises  # noqa: E402
 from tinyllama.course.results import checkout_root  # noqa: E402
 from tinyllama.profiling import roofline  # noqa: E402
 from tinyllama.profiling.attribution import _signature  # noqa: E402
 from tinyllama.timing import summarize  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("strict")
 
 PATH = checkout_root() / "solutions" / "18_roofline.ipynb"
 MEDIUM = get_preset("medium")
@@ -34,13 +35,7 @@ ROOFS = roofline.Roofs("test GPU", {"fp32": 30.0, "bf16": 300.0}, 1.5)
 
 @pytest.fixture(scope="module")
 def notebook():
-    nb = nbformat.read(PATH, as_version=4)
-    return nb, exercises(nb, PATH.stem)
-
-
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+    return SolutionExercises(PATH.stem)
 
 
 def _namespace(**extra):
@@ -53,39 +48,28 @@ def _namespace(**extra):
     return namespace
 
 
-def _run(nb, found, exercise, replace=None, namespace=None, check=True):
+def _run(notebook, exercise, replace=None, namespace=None, check=True):
     """Run the cells before ``exercise``'s solution that it needs, its solution (with ``replace`` = (old, new)
     applied) and its check cell, in ``namespace``."""
-    index, _ = found[exercise]
-    source = nb.cells[index].source
-    if replace is not None:
-        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
-        source = source.replace(*replace)
-    namespace = _namespace() if namespace is None else namespace
-    exec(source, namespace)
-    if check:
-        exec(nb.cells[index + 1].source, namespace)
-    return namespace
+    return notebook.run(exercise, _namespace() if namespace is None else namespace, replace, check)
 
 
-def _through(nb, found, last):
+def _through(notebook, last):
     """A namespace in which the exercises before ``last`` ran with the reference answers."""
     namespace = _namespace()
     for exercise in ("18.1", "18.2", "18.3"):
         if exercise == last:
             break
-        _run(nb, found, exercise, namespace=namespace)
+        _run(notebook, exercise, namespace=namespace)
     return namespace
 
 
 def test_the_exercises_and_their_order(notebook):
-    _, found = notebook
-    assert list(found) == ["18.1", "18.2", "18.3", "18.4"]
+    assert notebook.ids() == ["18.1", "18.2", "18.3", "18.4"]
 
 
 def test_the_reference_answers_pass(notebook):
-    nb, found = notebook
-    namespace = _through(nb, found, None)
+    namespace = _through(notebook, None)
     table = namespace["mine"].set_index("kernel")
     # At the medium preset in bf16 the two matrix kernels lie right of the ridge, the two others left of it.
     assert list(table["predicted_bound"]) == ["compute", "memory", "memory", "compute"]
@@ -99,9 +83,8 @@ def test_the_reference_answers_pass(notebook):
     ("add_bytes = 3 * itemsize * tokens * h", "add_bytes = 3 * tokens * h"),  # elements, not bytes
 ])
 def test_gemm_and_add_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "18.1", mistake)
+        _run(notebook, "18.1", mistake)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -112,10 +95,9 @@ def test_gemm_and_add_mistakes_fail(notebook, mistake):
      "attn_bytes = itemsize * batch_size * seq_len * seq_len"),  # the scores counted: not a fused kernel
 ])
 def test_norm_and_attention_mistakes_fail(notebook, mistake):
-    nb, found = notebook
-    namespace = _through(nb, found, "18.2")
+    namespace = _through(notebook, "18.2")
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "18.2", mistake, namespace=namespace)
+        _run(notebook, "18.2", mistake, namespace=namespace)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -126,10 +108,9 @@ def test_norm_and_attention_mistakes_fail(notebook, mistake):
     ("memory_roof = intensity * bandwidth_tbs", "memory_roof = intensity / bandwidth_tbs"),
 ])
 def test_roof_position_mistakes_fail(notebook, mistake):
-    nb, found = notebook
-    namespace = _through(nb, found, "18.3")
+    namespace = _through(notebook, "18.3")
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "18.3", mistake, namespace=namespace)
+        _run(notebook, "18.3", mistake, namespace=namespace)
 
 
 def _idle_namespace():
@@ -139,15 +120,14 @@ def _idle_namespace():
 
 
 def test_the_idle_share_passes_and_its_mistakes_fail(notebook):
-    nb, found = notebook
-    namespace = _run(nb, found, "18.4", namespace=_idle_namespace())
+    namespace = _run(notebook, "18.4", namespace=_idle_namespace())
     assert namespace["idle_pct"]["V1"] == pytest.approx(40.0)
     for mistake in [("idle_pct[label] = 100 * idle_ms[label] / step_ms[label].median",
                      "idle_pct[label] = 100 * device_ms[label] / step_ms[label].median"),  # the busy share
                     ("idle_pct[label] = 100 * idle_ms[label] / step_ms[label].median",
                      "idle_pct[label] = idle_ms[label] / step_ms[label].median")]:  # a fraction, not a percent
         with pytest.raises(CheckpointFailed):
-            _run(nb, found, "18.4", mistake, namespace=_idle_namespace())
+            _run(notebook, "18.4", mistake, namespace=_idle_namespace())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,8 +19,7 @@ PATH = checkout_root() / "solutions" / "19_results_and_wrap_up.ipynb"
 
 
 @pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+def ci_profile(strict, monkeypatch):
     monkeypatch.setenv("WORKSHOP_PROFILE", "ci")
     monkeypatch.delenv("WORKSHOP_RUN_ID", raising=False)
 

@@ -2,12 +2,13 @@
 is run on the reference answer (it passes) and on an answer with one typical mistake (it fails, under
 WORKSHOP_STRICT=1)."""
 
-import nbformat
 import pytest
 
+from notebook_exercises import SolutionExercises
 from tinyllama.course.checkpoints import CheckpointFailed
-from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
+
+pytestmark = pytest.mark.usefixtures("strict")
 
 PATH = checkout_root() / "solutions" / "20_finetuning_lab.ipynb"
 
@@ -32,33 +33,20 @@ current = RunConfig("kept", preset=profile.lab_preset, micro_batch=3, seq_len=40
 
 @pytest.fixture(scope="module")
 def notebook():
-    nb = nbformat.read(PATH, as_version=4)
-    return nb, exercises(nb, PATH.stem)
+    return SolutionExercises(PATH.stem)
 
 
-def _run(nb, found, exercise, replace=None):
+def _run(notebook, exercise, replace=None):
     """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
-    index, _ = found[exercise]
-    source = nb.cells[index].source
-    if replace is not None:
-        assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
-        source = source.replace(*replace)
     namespace: dict = {}
     exec(SETUP, namespace)
-    exec(source, namespace)
-    exec(nb.cells[index + 1].source, namespace)
-
-
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "1")
+    notebook.run(exercise, namespace, replace)
 
 
 def test_the_reference_answers_pass(notebook):
-    nb, found = notebook
-    assert set(found) == {"20.1", "20.2", "20.3"}
+    assert set(notebook.found) == {"20.1", "20.2", "20.3"}
     for exercise in ("20.1", "20.2", "20.3"):
-        _run(nb, found, exercise)
+        _run(notebook, exercise)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -67,9 +55,8 @@ def test_the_reference_answers_pass(notebook):
     ("swiglu_fp32 = 4 * B_mem * S_mem * I * 4", "swiglu_fp32 = 4 * B_mem * S_mem * config.hidden_dim * 4"),  # h for I
 ])
 def test_swiglu_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "20.1", mistake)
+        _run(notebook, "20.1", mistake)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -79,9 +66,8 @@ def test_swiglu_mistakes_fail(notebook, mistake):
     ("    if not ok.any():\n        return None\n", ""),  # nothing qualifies: must say so, not fail
 ])
 def test_keep_best_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises((CheckpointFailed, KeyError, ValueError)):
-        _run(nb, found, "20.2", mistake)
+        _run(notebook, "20.2", mistake)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -89,6 +75,5 @@ def test_keep_best_mistakes_fail(notebook, mistake):
     ("recompute_fraction = 1 / 3", "recompute_fraction = 1.0"),  # the whole step recomputed
 ])
 def test_checkpointing_trade_mistakes_fail(notebook, mistake):
-    nb, found = notebook
     with pytest.raises(CheckpointFailed):
-        _run(nb, found, "20.3", mistake)
+        _run(notebook, "20.3", mistake)

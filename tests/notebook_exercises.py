@@ -1,0 +1,46 @@
+"""Run one exercise of a solution notebook in a test: its solution cell (optionally with a planted
+mistake) and the check cell after it, in a namespace the test provides.
+
+Each ``tests/test_notebook_NN.py`` uses this to show that the reference answer passes its check and
+that a typical wrong answer fails it (under ``WORKSHOP_STRICT=1``, see the ``strict`` fixture)."""
+
+from __future__ import annotations
+
+import nbformat
+
+from tinyllama.course.make_notebooks import exercises
+from tinyllama.course.results import checkout_root
+
+
+class SolutionExercises:
+    """The exercises of ``solutions/<stem>.ipynb``: ``found`` maps an exercise id ("16.2") to its cell."""
+
+    def __init__(self, stem: str) -> None:
+        path = checkout_root() / "solutions" / f"{stem}.ipynb"
+        self.nb = nbformat.read(path, as_version=4)
+        self.found = exercises(self.nb, stem)
+
+    def ids(self) -> list[str]:
+        """The exercise ids in notebook order."""
+        return sorted(self.found, key=lambda exercise: self.found[exercise][0])
+
+    def source(self, exercise: str, replace: tuple[str, str] | None = None) -> str:
+        """The solution cell of ``exercise``, with ``replace`` = (old, new) applied (old must occur)."""
+        source = self.nb.cells[self.found[exercise][0]].source
+        if replace is not None:
+            assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
+            source = source.replace(*replace)
+        return source
+
+    def check_source(self, exercise: str) -> str:
+        """The check cell that follows the solution cell of ``exercise``."""
+        return self.nb.cells[self.found[exercise][0] + 1].source
+
+    def run(self, exercise: str, namespace: dict, replace: tuple[str, str] | None = None,
+            check: bool = True) -> dict:
+        """Execute the solution of ``exercise`` (with ``replace``) and, if ``check``, its check cell, in
+        ``namespace``; return the namespace."""
+        exec(self.source(exercise, replace), namespace)
+        if check:
+            exec(self.check_source(exercise), namespace)
+        return namespace
