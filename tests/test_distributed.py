@@ -23,9 +23,10 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401  (AdamW imports it on first use: seconds in every forked rank otherwise)
 
+from tinyllama import device as dev
 from tinyllama import distributed, process_group
-from tinyllama.distributed import (SyntheticTokens, fsdp_available, main, model_state_bytes, rank_loader,
-                                   run_distributed)
+from tinyllama.distributed import (SyntheticTokens, _cpu_requested, fsdp_available, main, model_state_bytes,
+                                   rank_loader, run_distributed)
 from tinyllama.process_group import DistContext
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,3 +248,15 @@ def test_fsdp_packing_copies_are_not_communication():
 
     assert is_collective("FSDP::all_gather (layers.0)") and is_collective("ncclKernel_ReduceScatter_RING")
     assert not is_collective("FSDP::all_gather_copy_in") and not is_collective("aten::mm")
+
+
+@pytest.mark.parametrize("argv, cpu", [(["--device", "cpu"], True), (["--device=cpu"], True),
+                                       (["--preset", "ci"], False), (["--device", "cuda:1"], False)])
+def test_a_cpu_rank_is_recognised_from_its_arguments(argv, cpu):
+    assert _cpu_requested(argv) is cpu
+
+
+def test_hiding_the_gpus_empties_the_back_ends_visibility_variable(monkeypatch):
+    monkeypatch.setenv(dev.visible_devices_variable(), "0,1")
+    dev.hide_gpus()
+    assert os.environ[dev.visible_devices_variable()] == ""

@@ -137,6 +137,13 @@ def visible_devices_variable() -> str:
     return "HIP_VISIBLE_DEVICES" if backend() == "rocm" else "CUDA_VISIBLE_DEVICES"
 
 
+def hide_gpus() -> None:
+    """Let this process see no GPU, as a CPU-only rank on a GPU node must: some collectives and
+    libraries otherwise pick ``cuda:<local rank>`` by themselves (on a one-GPU node rank 1 then fails
+    with "invalid device ordinal"). Takes effect only before the process first touches the GPU."""
+    os.environ[visible_devices_variable()] = ""
+
+
 # --------------------------------------------------------------------------------------------------
 # Collective communication between processes (torch.distributed). PyTorch's "nccl" back end is NVIDIA's
 # NCCL on CUDA builds and AMD's RCCL on ROCm builds (same API, same back-end name, and RCCL reads the

@@ -635,5 +635,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _cpu_requested(argv: Sequence[str]) -> bool:
+    """Whether ``--device cpu`` (or ``--device=cpu``) is among the arguments."""
+    values = [b for a, b in zip(argv, argv[1:]) if a == "--device"] + [a.split("=", 1)[1] for a in argv
+                                                                      if a.startswith("--device=")]
+    return any(v.split(":")[0] == "cpu" for v in values)
+
+
 if __name__ == "__main__":
+    if _cpu_requested(sys.argv[1:]):
+        dev.hide_gpus()  # a CPU rank on a GPU node sees no GPU (done here: main() also runs inside tests)
     sys.exit(main())
