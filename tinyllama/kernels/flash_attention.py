@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from tinyllama.kernels._triton import (
-    MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, mma, pipeline_stages, unit_last_stride, upcast_dots,
+    MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, launcher, mma, pipeline_stages, unit_last_stride,
+    upcast_dots,
 )
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -139,6 +140,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, o
     return acc, l_i, m_i
 
 
+@launcher
 @autotune(_FWD, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
@@ -190,6 +192,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
 # ------------------------------------------------------------------------------------------------
 
 
+@launcher
 @triton.jit(do_not_specialize=_DYNAMIC[:2])
 def _bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
                            H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -235,6 +238,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, st
     return dk, dv
 
 
+@launcher
 @autotune(_DKDV, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
@@ -316,6 +320,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
     return dq
 
 
+@launcher
 @autotune(_DQ, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
@@ -416,7 +421,7 @@ def flash_attention_forward(
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     if out.numel():
         grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-        _attn_fwd_kernel[grid](q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
+        _attn_fwd_kernel(grid, q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
                                heads, seq, groups, **_meta(q, causal))
     return out, lse
 
@@ -440,14 +445,14 @@ def flash_attention_backward(
         return dq, dk, dv
     delta = torch.empty_like(lse)
     pre_block = 64
-    _bwd_preprocess_kernel[(triton.cdiv(seq, pre_block), batch * heads)](
-        out, dout, delta, *_bhsd(out), *_bhsd(dout), heads, seq, HEAD_DIM=head_dim, BLOCK_M=pre_block)
+    _bwd_preprocess_kernel((triton.cdiv(seq, pre_block), batch * heads), out, dout, delta, *_bhsd(out), *_bhsd(dout),
+                           heads, seq, HEAD_DIM=head_dim, BLOCK_M=pre_block)
     meta = _meta(q, causal)
     grid_kv = lambda m: (triton.cdiv(seq, m["BLOCK_N"]), batch * kv_heads)  # noqa: E731
-    _attn_bwd_dkdv_kernel[grid_kv](q, k, v, dout, lse, delta, dk, dv, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
+    _attn_bwd_dkdv_kernel(grid_kv, q, k, v, dout, lse, delta, dk, dv, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
                                    *_bhsd(dout), *_bhsd(dk), *_bhsd(dv), heads, seq, groups, **meta)
     grid_q = lambda m: (triton.cdiv(seq, m["BLOCK_M"]), batch * heads)  # noqa: E731
-    _attn_bwd_dq_kernel[grid_q](q, k, v, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
+    _attn_bwd_dq_kernel(grid_q, q, k, v, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
                                 *_bhsd(dout), *_bhsd(dq), heads, seq, groups, **meta)
     return dq, dk, dv
 

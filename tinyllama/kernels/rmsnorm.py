@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from tinyllama.kernels._triton import (
-    autotune, check_tensors, configs, multiprocessor_count, pipeline_stages, rows_view,
+    autotune, check_tensors, configs, launcher, multiprocessor_count, pipeline_stages, rows_view,
 )
 
 # A row is held in registers; beyond this many elements it would spill (and a 64K-wide hidden
@@ -67,6 +67,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[:1]
 
 
+@launcher
 @autotune(_row_configs(), ["N", "M"], _prune)
 # M is not specialised: one compiled kernel serves every row count. N is: Triton then knows when the
 # width is a multiple of 16, so the masked loads of a row become wide vector loads. Without that hint
@@ -92,6 +93,7 @@ def _rmsnorm_fwd_kernel(X, W, Y, RSTD, ZEROED, stride_x, stride_y, M, N, eps,
             tl.store(ZEROED + cols, tl.zeros([BLOCK_N], dtype=tl.float32), mask=cols < N)
 
 
+@launcher
 @autotune(_streaming_configs(), ["N", "M"], _prune, reset_to_zero=["DW"])
 @triton.jit(do_not_specialize=["M"])  # N specialised, as in the forward
 def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW, ZEROED, stride_dy, stride_x, stride_dx, M, N,
@@ -173,7 +175,7 @@ def rmsnorm_forward(
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if M:
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)  # noqa: E731
-        _rmsnorm_fwd_kernel[grid](rows, weight.contiguous(), y, rstd, zeroed, rows.stride(0), y.stride(0), M, N, eps,
+        _rmsnorm_fwd_kernel(grid, rows, weight.contiguous(), y, rstd, zeroed, rows.stride(0), y.stride(0), M, N, eps,
                                   BLOCK_N=triton.next_power_of_2(N), ZERO=zeroed is not None)
     elif zeroed is not None:
         zeroed.zero_()
@@ -206,8 +208,8 @@ def rmsnorm_backward(
     else:
         dweight = torch.zeros((1 if atomic else sms * MAX_PER_SM, N), dtype=torch.float32, device=x.device)
     if M:
-        _rmsnorm_bwd_kernel[grid](
-            dy_rows, x_rows, weight.contiguous(), rstd, dx, dweight, zero_next, dy_rows.stride(0), x_rows.stride(0),
+        _rmsnorm_bwd_kernel(
+            grid, dy_rows, x_rows, weight.contiguous(), rstd, dx, dweight, zero_next, dy_rows.stride(0), x_rows.stride(0),
             dx.stride(0), M, N, BLOCK_N=triton.next_power_of_2(N), ATOMIC=atomic, ZERO=zero_next is not None)
     elif zero_next is not None:
         zero_next.zero_()

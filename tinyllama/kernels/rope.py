@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyllama.kernels._triton import autotune, check_tensors, configs, unit_last_stride
+from tinyllama.kernels._triton import autotune, check_tensors, configs, launcher, unit_last_stride
 
 
 def _row_configs() -> list[triton.Config]:
@@ -57,6 +57,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[:1]
 
 
+@launcher
 @autotune(_row_configs(), ["HALF"], _prune)
 # M (the row count) and S (the sequence length) change from call to call without a recompile for
 # each value; they only enter the index arithmetic. HALF is a constexpr (one compile per head size):
@@ -125,7 +126,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool
         def grid(meta: dict) -> tuple[int]:
             return (triton.cdiv(M, meta["BLOCK_M"]),)
 
-        _rope_kernel[grid](x, cos, sin, out, M, S, H,
+        _rope_kernel(grid, x, cos, sin, out, M, S, H,
                            x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
                            cos.stride(0), sin.stride(0),
                            HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), INVERSE=inverse)

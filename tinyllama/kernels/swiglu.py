@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, rows_view
+from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, launcher, rows_view
 
 
 def _tile_configs() -> list[triton.Config]:
@@ -36,6 +36,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[-1:]
 
 
+@launcher
 @autotune(_tile_configs(), ["N"], _prune)
 # M and N may change from call to call without a recompile of the kernel for each value; N keeps
 # Triton's divisibility-by-16 specialisation, which lets the masked loads be vectorised (see rmsnorm.py).
@@ -51,6 +52,7 @@ def _swiglu_fwd_kernel(G, U, OUT, stride_g, stride_u, stride_o, M, N,
     tl.store(OUT + rows * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
 
 
+@launcher
 @autotune(_tile_configs(), ["N"], _prune)
 @triton.jit(do_not_specialize=["M"])
 def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, stride_do, stride_g, stride_u, stride_dg, stride_du, M, N,
@@ -88,7 +90,7 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     M, N = g.shape
     out = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
     if out.numel():
-        _swiglu_fwd_kernel[_grid(M, N)](g, u, out, g.stride(0), u.stride(0), out.stride(0), M, N)
+        _swiglu_fwd_kernel(_grid(M, N), g, u, out, g.stride(0), u.stride(0), out.stride(0), M, N)
     return out.view(gate.shape)
 
 
@@ -108,7 +110,7 @@ def swiglu_backward(
     else:
         dg, du = grads
     if dg.numel():
-        _swiglu_bwd_kernel[_grid(M, N)](do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0),
+        _swiglu_bwd_kernel(_grid(M, N), do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0),
                                         dg.stride(0), du.stride(0), M, N)
     return dg.view(gate.shape), du.view(gate.shape)
 
