@@ -21,6 +21,12 @@ from tinyllama import device as dev
 # machine without a GPU before it imports them, and @triton.jit reads the same variable.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+# Register the kernels as opaque operators (``torch.library.custom_op``: a compiled graph calls our
+# launchers) instead of ``torch.library.triton_op`` (Inductor compiles the Triton kernels into its
+# graph). Always so under the interpreter; elsewhere set TINYLLAMA_OPAQUE_OPS=1 before the import,
+# for example if Inductor cannot take one of the kernels on some Triton release.
+OPAQUE_OPS: bool = INTERPRET or os.environ.get("TINYLLAMA_OPAQUE_OPS", "0") == "1"
+
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Grid dimensions 1 and 2 are limited to 65535 programs on both vendors' GPUs.
@@ -248,9 +254,9 @@ class Launcher:
     follows its runtime arguments (checked here).
 
     Inside ``torch.library.triton_op`` tracing (fake or functional tensors) the call becomes
-    ``wrap_triton(kernel)[grid](...)``, so ``torch.compile`` sees the kernel; on fake tensors under
-    the interpreter, where no graph can hold an interpreted kernel, nothing is launched (see
-    ``tinyllama.kernels._ops``).
+    ``wrap_triton(kernel)[grid](...)``, so ``torch.compile`` sees the kernel; on fake tensors of an
+    opaque operator (``OPAQUE_OPS``: always under the interpreter, where no graph can hold an
+    interpreted kernel) nothing is launched (see ``tinyllama.kernels._ops``).
     """
 
     def __init__(self, kernel) -> None:
@@ -286,7 +292,7 @@ class Launcher:
         """Launch on ``grid`` (a tuple, or a callable of the configuration's meta-parameters)."""
         first = args[0]
         if first.__class__ is not torch.Tensor and isinstance(first, torch.Tensor) and _traced(args):
-            if INTERPRET:
+            if OPAQUE_OPS:
                 return None  # fake tensors: only shapes are wanted, and the allocations gave them
             from torch.library import wrap_triton
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
     MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, launcher, mma, pipeline_stages, unit_last_stride,
     upcast_dots,
@@ -474,6 +475,70 @@ class FlashAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+# The operators tinyllama::flash_attention_forward and tinyllama::flash_attention_backward (see
+# tinyllama.kernels._ops): what torch.compile, FlopCounterMode and the profiler see.
+
+
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attention_forward(q, k, v, causal, sm_scale)
+
+
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, causal: bool,
+                 sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return flash_attention_backward(dout, q, k, v, out, lse, causal, sm_scale)
+
+
+forward_op = _ops.register(
+    "flash_attention_forward", _forward_op,
+    schema="(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale) -> (Tensor, Tensor)")
+backward_op = _ops.register(
+    "flash_attention_backward", _backward_op,
+    schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? sm_scale)"
+           " -> (Tensor, Tensor, Tensor)")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, causal, sm_scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.sm_scale = causal, sm_scale
+
+
+def _op_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.tinyllama.flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale)
+    return dq, dk, dv, None, None
+
+
+forward_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+def _expanded(q_shape, kv_shape) -> tuple[int, ...]:
+    """Key/value shape with as many heads as the queries (grouped-query heads are read, not copied,
+    but every query head does its products with them; older torch's formulas want equal heads)."""
+    return (*q_shape[:2], *kv_shape[2:])
+
+
+def _forward_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    # SDPA's formula: the products of the whole score matrix, causal or not (as FlopCounterMode
+    # counts PyTorch's own attention), so V3's count equals V1's and V4's.
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(q_shape, _expanded(q_shape, k_shape), _expanded(q_shape, v_shape))
+
+
+def _backward_flops(dout_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(dout_shape, q_shape, _expanded(q_shape, k_shape), _expanded(q_shape, v_shape))
+
+
+_ops.register_flops(forward_op, _forward_flops)
+_ops.register_flops(backward_op, _backward_flops)
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                     sm_scale: float | None = None) -> torch.Tensor:
     """``softmax(q k^T * sm_scale [+ causal mask]) v`` without materialising the scores, differentiable
@@ -481,7 +546,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     q: (batch, heads, seq, head_dim); k, v: (batch, kv_heads, seq, head_dim) with ``heads`` a multiple
     of ``kv_heads`` (grouped-query attention). ``sm_scale`` defaults to ``1 / sqrt(head_dim)``.
+    Eager calls go straight to the autograd Function; traced, counted or profiled ones through the
+    operator ``torch.ops.tinyllama.flash_attention_forward`` (see ``tinyllama.kernels._ops``).
     """
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.flash_attention_forward(q, k, v, causal, sm_scale)[0]
     return FlashAttentionFunction.apply(q, k, v, causal, sm_scale)
 
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
     autotune, check_tensors, configs, launcher, multiprocessor_count, pipeline_stages, rows_view,
 )
@@ -250,13 +251,55 @@ class RMSNormFunction(torch.autograd.Function):
                 dweight if ctx.needs_input_grad[1] else None, None, None)
 
 
+# The operators tinyllama::rmsnorm_forward and tinyllama::rmsnorm_backward (see tinyllama.kernels._ops):
+# what torch.compile, FlopCounterMode and the profiler see. An operator keeps no state from its
+# forward to its backward, so here the backward zeroes its own weight-gradient sum (one small kernel
+# more than RMSNormFunction's eager path; Inductor may fuse it).
+
+
+def _forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return rmsnorm_forward(x, weight, eps, out_dtype)
+
+
+def _backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                 rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rmsnorm_backward(dy, x, weight, rstd)
+
+
+forward_op = _ops.register("rmsnorm_forward", _forward_op,
+                           schema="(Tensor x, Tensor weight, float eps, ScalarType? out_dtype) -> (Tensor, Tensor)")
+backward_op = _ops.register("rmsnorm_backward", _backward_op,
+                            schema="(Tensor dy, Tensor x, Tensor weight, Tensor rstd) -> (Tensor, Tensor)")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, _eps, _out_dtype = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _op_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dweight = torch.ops.tinyllama.rmsnorm_backward(dy, x, weight, rstd)
+    return dx, dweight, None, None
+
+
+forward_op.register_autograd(_op_backward, setup_context=_setup_context)
+_ops.register_flops(forward_op, _ops.no_flops)
+_ops.register_flops(backward_op, _ops.no_flops)
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
             out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm over the last dimension of ``x`` with a learned ``weight``, differentiable in both.
 
     Statistics are computed in fp32 for any input type. ``out_dtype`` (default: ``x``'s) lets a
     caller under autocast get the 16-bit result that the next matmul would cast to anyway.
+    Eager calls go straight to the autograd Function; traced, counted or profiled ones through the
+    operator ``torch.ops.tinyllama.rmsnorm_forward`` (see ``tinyllama.kernels._ops``).
     """
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.rmsnorm_forward(x, weight, eps, out_dtype)[0]
     return RMSNormFunction.apply(x, weight, eps, out_dtype)
 
 

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import autotune, check_tensors, configs, launcher, unit_last_stride
 
 
@@ -159,6 +160,33 @@ class RoPEFunction(torch.autograd.Function):
         return rope_backward(dout, cos, sin), None, None
 
 
+# The operator tinyllama::rope (see tinyllama.kernels._ops): what torch.compile, FlopCounterMode and
+# the profiler see. Its gradient is the same operator with the inverse rotation.
+
+
+def _rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
+    _check(x, cos, sin)
+    return _rotate(x, cos, sin, inverse)
+
+
+rope_op = _ops.register("rope", _rope_op, schema="(Tensor x, Tensor cos, Tensor sin, bool inverse) -> Tensor")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    _x, cos, sin, inverse = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.inverse = inverse
+
+
+def _op_backward(ctx, dout):
+    cos, sin = ctx.saved_tensors
+    return torch.ops.tinyllama.rope(dout, cos, sin, not ctx.inverse), None, None, None
+
+
+rope_op.register_autograd(_op_backward, setup_context=_setup_context)
+_ops.register_flops(rope_op, _ops.no_flops)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding of ``x`` (batch, heads, seq, head_dim), differentiable in ``x``.
 
@@ -166,7 +194,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     halves are equal; position ``s`` uses row ``s``. ``x`` may be any view whose last dimension has
     unit stride (otherwise it is copied once). The result has ``x``'s shape and dtype and is a
     (batch, heads, seq, head_dim) view of memory ordered (batch, seq, heads, head_dim).
+    Eager calls go straight to the autograd Function; traced, counted or profiled ones through the
+    operator ``torch.ops.tinyllama.rope`` (see ``tinyllama.kernels._ops``).
     """
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.rope(x, cos, sin, False)
     return RoPEFunction.apply(x, cos, sin)
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, launcher, rows_view
 
 
@@ -129,9 +130,61 @@ class SwiGLUFunction(torch.autograd.Function):
         return swiglu_backward(dout, gate, up)
 
 
+# The operators tinyllama::swiglu_forward / _backward and tinyllama::swiglu_packed_forward / _backward
+# (see tinyllama.kernels._ops): what torch.compile, FlopCounterMode and the profiler see.
+
+
+def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return swiglu_forward(gate, up)
+
+
+def _backward_op(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return swiglu_backward(dout, gate, up)
+
+
+def _packed_forward_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return swiglu_forward(*gate_up.chunk(2, dim=-1))
+
+
+def _packed_backward_op(dout: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    return swiglu_packed_backward(dout, gate_up)
+
+
+forward_op = _ops.register("swiglu_forward", _forward_op, schema="(Tensor gate, Tensor up) -> Tensor")
+backward_op = _ops.register("swiglu_backward", _backward_op,
+                            schema="(Tensor dout, Tensor gate, Tensor up) -> (Tensor, Tensor)")
+packed_forward_op = _ops.register("swiglu_packed_forward", _packed_forward_op, schema="(Tensor gate_up) -> Tensor")
+packed_backward_op = _ops.register("swiglu_packed_backward", _packed_backward_op,
+                                   schema="(Tensor dout, Tensor gate_up) -> Tensor")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _op_backward(ctx, dout):
+    gate, up = ctx.saved_tensors
+    return torch.ops.tinyllama.swiglu_backward(dout, gate, up)
+
+
+def _packed_op_backward(ctx, dout):
+    (gate_up,) = ctx.saved_tensors
+    return torch.ops.tinyllama.swiglu_packed_backward(dout, gate_up)
+
+
+forward_op.register_autograd(_op_backward, setup_context=_setup_context)
+packed_forward_op.register_autograd(_packed_op_backward, setup_context=_setup_context)
+for _op in (forward_op, backward_op, packed_forward_op, packed_backward_op):
+    _ops.register_flops(_op, _ops.no_flops)
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` elementwise, differentiable in both; ``gate`` and ``up`` may be any views
-    (for example the two halves of one fused projection) of the same shape."""
+    (for example the two halves of one fused projection) of the same shape. Eager calls go straight
+    to the autograd Function; traced, counted or profiled ones through ``torch.ops.tinyllama.swiglu_forward``
+    (see ``tinyllama.kernels._ops``)."""
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.swiglu_forward(gate, up)
     return SwiGLUFunction.apply(gate, up)
 
 
@@ -148,10 +201,15 @@ class SwiGLUPackedFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         (gate_up,) = ctx.saved_tensors
-        width = gate_up.shape[-1] // 2
-        grad = torch.empty((dout.numel() // max(width, 1), 2 * width), dtype=gate_up.dtype, device=gate_up.device)
-        swiglu_backward(dout, *gate_up.chunk(2, dim=-1), grads=(grad[:, :width], grad[:, width:]))
-        return grad.view(gate_up.shape)
+        return swiglu_packed_backward(dout, gate_up)
+
+
+def swiglu_packed_backward(dout: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``swiglu_packed`` with respect to ``gate_up``, as one tensor of its shape."""
+    width = gate_up.shape[-1] // 2
+    grad = torch.empty((dout.numel() // max(width, 1), 2 * width), dtype=gate_up.dtype, device=gate_up.device)
+    swiglu_backward(dout, *gate_up.chunk(2, dim=-1), grads=(grad[:, :width], grad[:, width:]))
+    return grad.view(gate_up.shape)
 
 
 def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
@@ -160,6 +218,8 @@ def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_packed: the last dimension of {tuple(gate_up.shape)} must be even "
                          "(gate and up side by side)")
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.swiglu_packed_forward(gate_up)
     return SwiGLUPackedFunction.apply(gate_up)
 
 
