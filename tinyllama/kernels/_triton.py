@@ -6,9 +6,10 @@ Vendor differences stay in ``tinyllama.device``; here we only ask it which back 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -259,6 +260,10 @@ class Launcher:
     interpreted kernel) nothing is launched (see ``tinyllama.kernels._ops``).
     """
 
+    # False: every launch goes through Triton's own path (autotuner, then JITFunction.run), as before
+    # launchers remembered anything; for measuring what remembering saves (see ``triton_launch_path``).
+    remember: bool = True
+
     def __init__(self, kernel) -> None:
         self.kernel = kernel
         self.autotuner = kernel if isinstance(kernel, Autotuner) else None
@@ -297,6 +302,8 @@ class Launcher:
             from torch.library import wrap_triton
 
             return wrap_triton(self.kernel)[grid](*args, **meta)
+        if not Launcher.remember:
+            return self.kernel[grid](*args, **meta)
         # The binary is loaded on the device that was current when it was first launched.
         device = _current_device() if self.direct else None
         if self.n_tensors < 0:
@@ -352,6 +359,18 @@ def _traced(args: tuple) -> bool:
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     return any(isinstance(a, (FakeTensor, FunctionalTensor)) for a in args)
+
+
+@contextlib.contextmanager
+def triton_launch_path() -> Iterator[None]:
+    """Within this context every launcher launches through Triton's own path (``kernel[grid](...)``:
+    the autotuner's lookup and ``JITFunction.run``'s binding), as a plain ``@triton.autotune`` kernel
+    would: the "before" of :class:`Launcher`'s host time."""
+    previous, Launcher.remember = Launcher.remember, False
+    try:
+        yield
+    finally:
+        Launcher.remember = previous
 
 
 def launcher(kernel) -> Launcher:
