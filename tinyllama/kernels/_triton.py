@@ -328,6 +328,9 @@ class Launcher:
         return compiled
 
     def _first_call(self, key: tuple, grid, args: tuple, meta: dict):
+        if len(args) != self.n_runtime:  # the direct launch passes them in signature order
+            raise TypeError(f"{self.name}: pass its {self.n_runtime} runtime arguments positionally "
+                            f"(got {len(args)}) and its constexprs by keyword")
         self.misses += 1
         if len(self.cache) >= MAX_LAUNCH_KEYS:  # sizes that change every call (decoding): stay bounded
             self.cache.clear()
