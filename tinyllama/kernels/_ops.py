@@ -25,6 +25,7 @@ profiler records (so that its operator names are ours). :func:`dispatch_through_
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -49,11 +50,16 @@ def register(name: str, fn: Callable, schema: str, mutates_args: Iterable[str] =
     annotations are strings, ``from __future__ import annotations``); returns the operator
     (``torch.ops.tinyllama.name`` calls it)."""
     qualname = f"{NAMESPACE}::{name}"
-    if OPAQUE_OPS:
-        op = torch.library.custom_op(qualname, fn, mutates_args=tuple(mutates_args), schema=schema)
-        op.register_fake(fn)  # the launcher allocates the outputs and launches nothing on fake tensors
-        return op
-    return torch.library.triton_op(qualname, fn, mutates_args=tuple(mutates_args), schema=schema)
+    if not OPAQUE_OPS:
+        try:
+            return torch.library.triton_op(qualname, fn, mutates_args=tuple(mutates_args), schema=schema)
+        except Exception as error:  # noqa: BLE001 - an older torch: the kernels must still import
+            warnings.warn(f"torch.library.triton_op could not register {qualname} ({error}); registering it "
+                          "as an opaque custom_op instead (torch.compile calls it, Inductor does not see its "
+                          "kernels)", stacklevel=2)
+    op = torch.library.custom_op(qualname, fn, mutates_args=tuple(mutates_args), schema=schema)
+    op.register_fake(fn)  # the launcher allocates the outputs and launches nothing on fake tensors
+    return op
 
 
 def register_flops(op: CustomOpDef, formula: Callable[..., int]) -> None:
