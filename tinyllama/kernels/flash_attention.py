@@ -373,8 +373,9 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
 
 
 def _bhsd(t: torch.Tensor) -> tuple[int, int, int]:
-    """Batch, head and sequence strides of a (batch, heads, seq, head_dim) tensor."""
-    return t.stride(0), t.stride(1), t.stride(2)
+    """Batch, head and sequence strides of a (batch, heads, seq, head_dim) tensor (one ``stride()``
+    call: a launch reads eight of these, and each ``stride(i)`` costs the host as much as the tuple)."""
+    return t.stride()[:3]
 
 
 def _empty_bshd(batch: int, heads: int, seq: int, head_dim: int, like: torch.Tensor) -> torch.Tensor:
