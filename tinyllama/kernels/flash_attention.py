@@ -464,7 +464,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale):  # type: ignore[override]
-        out, lse = flash_attention_forward(q, k, v, causal, sm_scale)
+        with _ops.named("flash_attention_forward"):
+            out, lse = flash_attention_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.sm_scale = causal, sm_scale
         return out
@@ -472,7 +473,8 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale)
+        with _ops.named("flash_attention_backward"):
+            dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale)
         return dq, dk, dv, None, None
 
 
@@ -547,7 +549,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     q: (batch, heads, seq, head_dim); k, v: (batch, kv_heads, seq, head_dim) with ``heads`` a multiple
     of ``kv_heads`` (grouped-query attention). ``sm_scale`` defaults to ``1 / sqrt(head_dim)``.
-    Eager calls go straight to the autograd Function; traced, counted or profiled ones through the
+    Eager calls go straight to the autograd Function; traced or counted ones through the
     operator ``torch.ops.tinyllama.flash_attention_forward`` (see ``tinyllama.kernels._ops``).
     """
     if _ops.dispatch_through_ops():

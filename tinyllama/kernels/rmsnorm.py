@@ -234,7 +234,8 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, out_dtype):  # type: ignore[override]
         zeroed = torch.empty(x.shape[-1], dtype=torch.float32, device=x.device) if ctx.needs_input_grad[1] else None
-        y, rstd = rmsnorm_forward(x, weight, eps, out_dtype, zeroed)
+        with _ops.named("rmsnorm_forward"):
+            y, rstd = rmsnorm_forward(x, weight, eps, out_dtype, zeroed)
         ctx.save_for_backward(x, weight, rstd)
         ctx.zeroed, ctx.zeroed_in_capture = zeroed, _capturing(x.device)
         return y
@@ -246,7 +247,8 @@ class RMSNormFunction(torch.autograd.Function):
         dweight_sum = ctx.zeroed if ctx.zeroed_in_capture == capturing else None
         zero_next = torch.empty_like(ctx.zeroed) if ctx.zeroed is not None else None
         ctx.zeroed, ctx.zeroed_in_capture = zero_next, capturing
-        dx, dweight = rmsnorm_backward(dy, x, weight, rstd, dweight_sum, zero_next)
+        with _ops.named("rmsnorm_backward"):
+            dx, dweight = rmsnorm_backward(dy, x, weight, rstd, dweight_sum, zero_next)
         return (dx if ctx.needs_input_grad[0] else None,
                 dweight if ctx.needs_input_grad[1] else None, None, None)
 
@@ -295,7 +297,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
 
     Statistics are computed in fp32 for any input type. ``out_dtype`` (default: ``x``'s) lets a
     caller under autocast get the 16-bit result that the next matmul would cast to anyway.
-    Eager calls go straight to the autograd Function; traced, counted or profiled ones through the
+    Eager calls go straight to the autograd Function; traced or counted ones through the
     operator ``torch.ops.tinyllama.rmsnorm_forward`` (see ``tinyllama.kernels._ops``).
     """
     if _ops.dispatch_through_ops():

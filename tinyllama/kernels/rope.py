@@ -152,12 +152,14 @@ class RoPEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin):  # type: ignore[override]
         ctx.save_for_backward(cos, sin)
-        return rope_forward(x, cos, sin)
+        with _ops.named("rope"):
+            return rope_forward(x, cos, sin)
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
-        return rope_backward(dout, cos, sin), None, None
+        with _ops.named("rope"):
+            return rope_backward(dout, cos, sin), None, None
 
 
 # The operator tinyllama::rope (see tinyllama.kernels._ops): what torch.compile, FlopCounterMode and
@@ -194,7 +196,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     halves are equal; position ``s`` uses row ``s``. ``x`` may be any view whose last dimension has
     unit stride (otherwise it is copied once). The result has ``x``'s shape and dtype and is a
     (batch, heads, seq, head_dim) view of memory ordered (batch, seq, heads, head_dim).
-    Eager calls go straight to the autograd Function; traced, counted or profiled ones through the
+    Eager calls go straight to the autograd Function; traced or counted ones through the
     operator ``torch.ops.tinyllama.rope`` (see ``tinyllama.kernels._ops``).
     """
     if _ops.dispatch_through_ops():

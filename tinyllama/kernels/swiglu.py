@@ -122,12 +122,14 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):  # type: ignore[override]
         ctx.save_for_backward(gate, up)
-        return swiglu_forward(gate, up)
+        with _ops.named("swiglu_forward"):
+            return swiglu_forward(gate, up)
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         gate, up = ctx.saved_tensors
-        return swiglu_backward(dout, gate, up)
+        with _ops.named("swiglu_backward"):
+            return swiglu_backward(dout, gate, up)
 
 
 # The operators tinyllama::swiglu_forward / _backward and tinyllama::swiglu_packed_forward / _backward
@@ -181,7 +183,7 @@ for _op in (forward_op, backward_op, packed_forward_op, packed_backward_op):
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` elementwise, differentiable in both; ``gate`` and ``up`` may be any views
     (for example the two halves of one fused projection) of the same shape. Eager calls go straight
-    to the autograd Function; traced, counted or profiled ones through ``torch.ops.tinyllama.swiglu_forward``
+    to the autograd Function; traced or counted ones through ``torch.ops.tinyllama.swiglu_forward``
     (see ``tinyllama.kernels._ops``)."""
     if _ops.dispatch_through_ops():
         return torch.ops.tinyllama.swiglu_forward(gate, up)
@@ -196,12 +198,14 @@ class SwiGLUPackedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate_up):  # type: ignore[override]
         ctx.save_for_backward(gate_up)
-        return swiglu_forward(*gate_up.chunk(2, dim=-1))
+        with _ops.named("swiglu_packed_forward"):
+            return swiglu_forward(*gate_up.chunk(2, dim=-1))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         (gate_up,) = ctx.saved_tensors
-        return swiglu_packed_backward(dout, gate_up)
+        with _ops.named("swiglu_packed_backward"):
+            return swiglu_packed_backward(dout, gate_up)
 
 
 def swiglu_packed_backward(dout: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
