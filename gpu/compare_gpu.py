@@ -1,6 +1,13 @@
 """The V1 -> V2 -> V3 -> V4 measurement on one GPU, in one process: correct first, then timed.
 
-    PYTHONUNBUFFERED=1 python gpu/compare_gpu.py --out results/   # about 4-6 minutes on an H100
+    PYTHONUNBUFFERED=1 python gpu/compare_gpu.py --out results/
+
+(4-6 minutes on an H100 without the V3 rows; with them an estimated 8-12, V3's first steps autotune
+its kernels and its compiled runs compile.) V3 against V4 alone:
+
+    PYTHONUNBUFFERED=1 python gpu/compare_gpu.py --out results/ --runs v1:fp32 v3:bf16 \
+        "v3[cuda_graph=1]:bf16" "v3[compile=1]:bf16" "v3[compile=1,compile_mode=reduce-overhead]:bf16" \
+        v4:bf16 "v4[compile_mode=reduce-overhead]:bf16" "v4[cuda_graph=1]:bf16"
 
 1. measures this GPU's matmul ceilings (bf16 and fp32, 8192^3, tinyllama.ceilings);
 2. runs ``tinyllama.compare`` at the medium preset (hidden 1024, 12 layers, batch 16 x 512): V1 fp32,

@@ -1,6 +1,6 @@
 """One call on a GPU for the Triton kernels and V3: correct first, then fast.
 
-    python gpu/kernels_gpu.py --out DIR            # about 6-7 minutes on an H100, autotuning included
+    python gpu/kernels_gpu.py --out DIR            # about 7-8 minutes on an H100, autotuning included
 
 In order, each part on its own, so that a failing part loses nothing of the others (the results are
 rewritten to DIR/kernels_gpu.json and DIR/kernels_gpu.md after every part):
