@@ -1,18 +1,28 @@
-"""The V1 -> V2 -> V4 measurement on one GPU, in one process: correct first, then timed.
+"""The V1 -> V2 -> V3 -> V4 measurement on one GPU, in one process: correct first, then timed.
 
-    PYTHONUNBUFFERED=1 python gpu/compare_gpu.py --out results/   # about 4-6 minutes on an H100
+    PYTHONUNBUFFERED=1 python gpu/compare_gpu.py --out results/
+
+(4-6 minutes on an H100 without the V3 rows; with them an estimated 8-12, V3's first steps autotune
+its kernels and its compiled runs compile.) V3 against V4 alone:
+
+    PYTHONUNBUFFERED=1 python gpu/compare_gpu.py --out results/ --runs v1:fp32 v3:bf16 \
+        "v3[cuda_graph=1]:bf16" "v3[compile=1]:bf16" "v3[compile=1,compile_mode=reduce-overhead]:bf16" \
+        v4:bf16 "v4[compile_mode=reduce-overhead]:bf16" "v4[cuda_graph=1]:bf16"
 
 1. measures this GPU's matmul ceilings (bf16 and fp32, 8192^3, tinyllama.ceilings);
 2. runs ``tinyllama.compare`` at the medium preset (hidden 1024, 12 layers, batch 16 x 512): V1 fp32,
    V2's fusions one at a time in fp32 and in bf16, eager and replayed from CUDA graphs (with an
    unfused V2 as the control), V2 + SDPA,
-   V2 + SDPA + compile, V4 bf16, V4 with CUDA graphs per compiled block (compile mode
-   reduce-overhead) and V4 with the whole training step replayed from CUDA graphs. Every run
+   V2 + SDPA + compile, V3 bf16 (the Triton kernels: eager, whole step replayed from CUDA graphs,
+   blocks compiled, blocks compiled with compile's CUDA graphs), V4 bf16, V4 with CUDA graphs per
+   compiled block (compile mode reduce-overhead) and V4 with the whole training step replayed from
+   CUDA graphs. Every run
    gets V1's weights and is checked against V1 (loss, logits, every gradient) before it is timed;
    the profiler counts GEMM launches per step;
-3. profiles V4's training step (top kernels and operators, time by kind of kernel);
+3. profiles V4's and V3's training steps (top kernels and operators, time by kind of kernel);
 4. judges the issue's targets: V4 bf16 at most 1/10 of V1 fp32's step time, at least 45% MFU
-   against the measured bf16 ceiling, and each V2 fusion's own effect (time and GEMM launches);
+   against the measured bf16 ceiling, V3 eager within 1.2x of V4 and V3's whole-step CUDA graph no
+   slower than V4's, and each V2 fusion's own effect (time and GEMM launches);
 5. writes compare.json (the comparison record, appended), summary.json (ceilings, targets, fusion
    effects, V4's profile), compare.csv, compare.md and compare.png to --out.
 """
@@ -35,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from tinyllama import compare as cmp  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.ceilings import measure_matmul_tflops  # noqa: E402
-from tinyllama.comparison.targets import (V4, default_runs, fusion_effects, fusion_label,  # noqa: E402
+from tinyllama.comparison.targets import (V3, V4, default_runs, fusion_effects, fusion_label,  # noqa: E402
                                           kernel_time_by_kind, operator_differences, targets)
 from tinyllama.records import append_json  # noqa: E402
 
@@ -73,7 +83,7 @@ def markdown(record: dict[str, Any], summary: dict[str, Any]) -> str:
             "GEMM kernels/ops": f"{r.get('gemm_kernels')}/{r.get('gemm_ops')}" if timed else "-",
         })
     parts = [
-        f"# TinyLLaMA V1 -> V2 -> V4 on {record['device']}",
+        f"# TinyLLaMA V1 -> V2 -> V3 -> V4 on {record['device']}",
         "",
         f"{record['date']} | torch {env['torch']} | CUDA {env.get('cuda')} | HIP {env.get('hip')} | "
         f"preset {record['preset']} (hidden {record['config']['hidden_dim']}, {record['config']['num_layers']} "
@@ -106,6 +116,15 @@ def markdown(record: dict[str, Any], summary: dict[str, Any]) -> str:
                   md_table([r for r in profile if r["kind"] == "kernel"][:15],
                            ["name", "calls_per_step", "device_ms", "percent"]), "",
                   md_table([r for r in profile if r["kind"] == "op"][:15],
+                           ["name", "calls_per_step", "device_ms", "cpu_ms", "percent"]), ""]
+    v3_profile = summary.get("v3_profile") or []
+    if v3_profile:
+        parts += [f"## Where V3's step goes (PyTorch profiler, {V3}; our kernels appear as tinyllama:: operators)", "",
+                  md_table([{"kind of kernel": k, "ms per step": v} for k, v in summary["v3_kernel_time_by_kind"].items()],
+                           ["kind of kernel", "ms per step"]), "",
+                  md_table([r for r in v3_profile if r["kind"] == "kernel"][:15],
+                           ["name", "calls_per_step", "device_ms", "percent"]), "",
+                  md_table([r for r in v3_profile if r["kind"] == "op"][:15],
                            ["name", "calls_per_step", "device_ms", "cpu_ms", "percent"]), ""]
     if summary.get("gate_up_operators"):
         parts += ["## The gate/up fusion, operator by operator (PyTorch profiler, bf16 eager steps)", "",
@@ -152,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     # that fusion gains or loses time, operator by operator.
     gate_up = (fusion_label("none", "bf16"), fusion_label("gate_up", "bf16"))
     result = cmp.compare(runs, args.preset, num_steps=args.num_steps, warmup_steps=args.warmup_steps,
-                         device=device, profile_runs=[V4, *gate_up], profile_top=200, ceilings=ceilings,
+                         device=device, profile_runs=[V4, V3, *gate_up], profile_top=200, ceilings=ceilings,
                          progress=True)
     record = result.record
     print(result, flush=True)
@@ -165,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         "ceilings_tflops": ceilings, "datasheet_bf16_tflops": peaks.bf16_tflops if peaks else None,
         "targets": targets(record), "fusion_effects": fusion_effects(record),
         "v4_kernel_time_by_kind": kernel_time_by_kind(profile), "v4_profile": profile[:60],
+        "v3_kernel_time_by_kind": kernel_time_by_kind(record["profiles"].get(V3, [])),
+        "v3_profile": record["profiles"].get(V3, [])[:60],
         "gate_up_operators": operator_differences(record["profiles"], *gate_up),
         "wall_s": time.perf_counter() - began,
     }

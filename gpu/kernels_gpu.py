@@ -1,6 +1,6 @@
 """One call on a GPU for the Triton kernels and V3: correct first, then fast.
 
-    python gpu/kernels_gpu.py --out DIR            # about 6-7 minutes on an H100, autotuning included
+    python gpu/kernels_gpu.py --out DIR            # about 7-8 minutes on an H100, autotuning included
 
 In order, each part on its own, so that a failing part loses nothing of the others (the results are
 rewritten to DIR/kernels_gpu.json and DIR/kernels_gpu.md after every part):
@@ -11,7 +11,9 @@ rewritten to DIR/kernels_gpu.json and DIR/kernels_gpu.md after every part):
    debugging stages (stage 1's first loss, stage 2's step time), and bf16 training steps of V1,
    V3 (eager, and replayed from CUDA graphs) and V4 (as shipped, with its CUDA graphs per compiled
    block, and replayed from CUDA graphs like V3), in this one process on the same batches;
-4. the kernel benchmark: each kernel against PyTorch eager (attention against SDPA as dispatched by
+4. host time per launch of each of our launchers (remembered configuration and binary, and through
+   Triton's own autotuned path), beside a plain Triton launch and F.rms_norm (tinyllama.kernels.launch_costs);
+5. the kernel benchmark: each kernel against PyTorch eager (attention against SDPA as dispatched by
    default, its backend named, and SDPA's flash backend), eager and graph-replayed, at the medium model's shapes, sequence lengths 512..4096, fp32 and bf16, each checked
    against its reference before it is timed, and the issue's targets judged from the numbers.
 """
@@ -37,9 +39,11 @@ import torch  # noqa: E402
 
 from tinyllama import device as dev  # noqa: E402
 
+# Last: the launcher's memory (tests/test_kernel_launch.py) and the registered operators with
+# torch.compile of V3 (tests/test_kernel_ops.py), here with compiled kernels and triton_op.
 TEST_FILES = ["tests/test_kernel_rmsnorm.py", "tests/test_kernel_rope.py", "tests/test_kernel_swiglu.py",
               "tests/test_kernel_flash_attention.py", "tests/test_kernel_bench.py", "tests/test_v3.py",
-              "tests/test_cuda_graph_step.py"]
+              "tests/test_cuda_graph_step.py", "tests/test_kernel_launch.py", "tests/test_kernel_ops.py"]
 
 
 class Report:
@@ -201,6 +205,25 @@ def part_bench(report: Report, preset: str, seq_lens: list[int]) -> tuple[Any, l
     return {"rows": _records(frame), "targets": _records(targets)}, lines
 
 
+def part_launch_costs(report: Report, preset: str) -> tuple[Any, list[str]]:
+    from tinyllama.kernels.bench import to_markdown
+    from tinyllama.kernels.launch_costs import check_target, measure_launch_costs
+
+    frame = measure_launch_costs(preset, torch.bfloat16)
+    target = check_target(frame)
+    print(to_markdown(frame), flush=True)
+    print(target, flush=True)
+    lines = ["Host microseconds per call of each launcher, bf16, 64 tokens of the model's shapes (the GPU "
+             "finishes each kernel before the next is issued: `host_bound`), 200 calls back to back, 7 "
+             "repeats after warm-up (median, p10, p90). `remembered`: launched by the project's Launcher "
+             "(configuration and binary remembered per key); `triton`: the same launchers through Triton's "
+             "own `kernel[grid](...)` (autotuner lookup and argument binding on every call). "
+             "`us_per_launch` divides by the kernels launched per call (attention backward: 3).", "",
+             f"Target: {target['target']}: **{'met' if target['met'] else 'NOT MET'}** ({target['measured']})", "",
+             to_markdown(frame)]
+    return {"rows": _records(frame), "target": target}, lines
+
+
 def part_model(report: Report, preset_name: str, num_steps: int) -> tuple[Any, list[str]]:
     from tinyllama.bench import make_batches, run_benchmark
     from tinyllama.config import get_preset
@@ -319,7 +342,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for kernels_gpu.json, kernels_gpu.md and the test log")
     parser.add_argument("--budget-s", type=float, default=400, help="total time to aim for (default 400 s)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["tests", "bench", "model"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["tests", "launch", "bench", "model"])
     parser.add_argument("--preset", default="medium", help="model shapes (default medium; ci for a CPU smoke run)")
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[512, 1024, 2048, 4096])
     parser.add_argument("--num-steps", type=int, default=15, help="timed training steps per run (default 15)")
@@ -339,6 +362,8 @@ def main() -> int:
     # allocate when it came after them (H200, 2026-11-22); in a fresh process it runs in 7 GiB.
     if "model" not in args.skip:
         report.run("model", lambda: part_model(report, args.preset, args.num_steps))
+    if "launch" not in args.skip:
+        report.run("host time per launch", lambda: part_launch_costs(report, args.preset))
     if "bench" not in args.skip:
         seq_lens = args.seq_lens if report.remaining() > 120 else args.seq_lens[:1] + args.seq_lens[-1:]
         report.run("kernel benchmark", lambda: part_bench(report, args.preset, seq_lens))

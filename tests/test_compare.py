@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 
 from tinyllama import compare as cmp  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
-from tinyllama.models import v2_fused  # noqa: E402
+from tinyllama.models import build, v2_fused  # noqa: E402
 
 LAYERS = get_preset("ci").model.num_layers
 RUNS = ["v1:fp32", "v2[fuse_qkv=0,fuse_gate_up=0]:fp32", "v2[fuse_qkv=1,fuse_gate_up=0]:fp32",
@@ -300,6 +300,8 @@ def test_gpu_runs_are_valid_and_a_record_is_judged(result):
     labels = [s.label for s in cmp.expand_runs(script.default_runs())]
     assert labels[0] == "v1:fp32" and labels[-3:] == ["v4:bf16", "v4[compile_mode=reduce-overhead]:bf16",
                                                   "v4[cuda_graph=1]:bf16"]
+    assert labels[-7:-3] == ["v3:bf16", "v3[cuda_graph=1]:bf16", "v3[compile=1]:bf16",
+                             "v3[compile=1,compile_mode=reduce-overhead]:bf16"]
     assert "v2[fuse_qkv=0,fuse_gate_up=1]:bf16" in labels and "v2[fuse_qkv=0,fuse_gate_up=1,cuda_graph=1]:bf16" in labels
     assert "v2[cuda_graph=1]:bf16" in labels
 
@@ -323,3 +325,54 @@ def test_gpu_runs_are_valid_and_a_record_is_judged(result):
     assert [(r["operator"], round(r["delta_ms"], 6)) for r in diff] == [
         ("aten::silu", 1.5), ("aten::mm", -1.0), ("aten::cat", 0.2)]
     assert script.operator_differences(profiles, "a", "missing") == []
+
+
+# ------------------------------------------------------------------------------------------------
+# V3 compiled
+# ------------------------------------------------------------------------------------------------
+
+
+def test_v3_compile_runs_parse_and_build_compiled_models():
+    for text, mode, own_graphs in (("v3[compile=1]:bf16", "default", False),
+                                   ("v3[compile=1,compile_mode=reduce-overhead]:bf16", "reduce-overhead", True)):
+        spec = cmp.parse_run(text)
+        assert spec.label == text and spec.model_options["compile"] == 1
+        model = build(spec.version, get_preset("ci").model, **spec.model_options)
+        assert model.compiled and model.own_cuda_graphs == own_graphs and model.switches.compile_mode == mode
+        assert all(hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
+                   for layer in model.layers)  # every block compiled (regional compilation, as V2 and V4)
+    eager = build("v3", get_preset("ci").model)
+    assert not eager.compiled and not eager.own_cuda_graphs
+    spec = cmp.parse_run("v3[compile=1,cuda_graph=1]:bf16")
+    assert spec.cuda_graph and spec.model_options == {"compile": 1}
+    with pytest.raises(ValueError, match="compile_mode"):
+        build("v3", get_preset("ci").model, compile=1, compile_mode="fastest")
+
+
+@pytest.mark.slow
+def test_compiled_v3_is_checked_against_v1_and_timed():
+    """V3 with its blocks compiled (the Triton kernels traced as tinyllama:: operators) passes the
+    same check against V1 as every run, then is timed."""
+    result = cmp.compare(["v1:fp32", "v3[compile=1]:fp32"], "ci", num_steps=1, warmup_steps=0, device="cpu",
+                         progress=False)
+    row = _row(result, "v3[compile=1]:fp32")
+    assert row["check"] == "passed", row["check_message"]
+    assert row["check_gradient_error"] <= 1e-3 and row["step_ms_median"] > 0
+
+
+def test_v3_targets_are_judged_against_v4(result):
+    from tinyllama.comparison import targets as script
+
+    record = copy.deepcopy(result.record)
+    v4 = next(r for r in record["runs"] if r["label"] == "v4[compile=0]:bf16")
+    fake = []
+    for label, ms in ((script.V4, 10.0), (script.V4_STEP_GRAPH, 8.0), (script.V3, 11.9), (script.V3_STEP_GRAPH, 8.5)):
+        fake.append({**v4, "label": label, "step_ms_median": ms})
+    record["runs"] = [r for r in record["runs"] if r["label"] != "v4[compile=0]:bf16"] + fake
+    judged = {t["target"]: t for t in script.targets(record)}
+    eager = judged["V3 bf16 step time <= 1.2x V4's (v4:bf16)"]
+    graphs = judged["V3 bf16 whole step in CUDA graphs <= 1x V4's (v4[cuda_graph=1]:bf16)"]
+    assert eager["met"] and "1.19x" in eager["measured"]
+    assert not graphs["met"] and "1.06x" in graphs["measured"]
+    record["runs"] = [r for r in record["runs"] if not r["label"].startswith("v3")]
+    assert not any(t["target"].startswith("V3") for t in script.targets(record))  # no V3 runs: not judged

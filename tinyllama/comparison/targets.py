@@ -14,6 +14,15 @@ V4 = "v4:bf16"
 V4_GRAPHS = "v4[compile_mode=reduce-overhead]:bf16"
 V4_STEP_GRAPH = "v4[cuda_graph=1]:bf16"  # the whole training step, optimizer included, in CUDA graphs
 V1 = "v1:fp32"
+# V3 (the Triton kernels) as a participant runs it, its whole step replayed from CUDA graphs, and its
+# blocks compiled (the kernels are registered operators, so Inductor traces through them), without
+# and with compile's own CUDA graphs.
+V3 = "v3:bf16"
+V3_STEP_GRAPH = "v3[cuda_graph=1]:bf16"
+V3_COMPILED = "v3[compile=1]:bf16"
+V3_COMPILED_GRAPHS = "v3[compile=1,compile_mode=reduce-overhead]:bf16"
+V3_RUNS = [V3, V3_STEP_GRAPH, V3_COMPILED, V3_COMPILED_GRAPHS]
+V3_EAGER_VS_V4 = 1.2  # V3's step at most this many times V4's
 
 
 # Where each fusion is measured: eager steps in fp32 and bf16, and bf16 steps replayed from CUDA graphs
@@ -35,7 +44,7 @@ def default_runs() -> list[str]:
         runs += fusion_runs(precision, graphed)
     # V4 as it is, then with each compiled block replayed as a CUDA graph (compile's own), then with
     # the whole step replayed from graphs (tinyllama.bench.GraphedTrainingStep): launch overhead
-    return runs + ["v2[sdpa=1]:bf16", "v2[sdpa=1,compile=1]:bf16", V4, V4_GRAPHS, V4_STEP_GRAPH]
+    return runs + ["v2[sdpa=1]:bf16", "v2[sdpa=1,compile=1]:bf16", *V3_RUNS, V4, V4_GRAPHS, V4_STEP_GRAPH]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -83,6 +92,7 @@ def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
                         f"{run['step_ms_median']:.1f} ms vs {v1['step_ms_median']:.1f} ms = 1/{1 / ratio:.2f}"})
         else:
             out.append({"target": target, "measured": f"{V1} or {label} not timed", "met": False})
+    out += _v3_targets(record, v4)
     mfu = v4.get("mfu_measured") if v4 else None
     if mfu is None:
         measured = "n/a (V4 not timed or no ceiling)"
@@ -103,6 +113,25 @@ def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
         fewer = "None" not in (before, after) and int(after) < int(before)
         out.append({"target": target, "met": fewer and effect["verdict"].startswith("faster"),
                     "measured": f"{effect['speedup']:.3f}x, {effect['verdict']}, GEMM launches {effect[launches]}"})
+    return out
+
+
+def _v3_targets(record: dict[str, Any], v4: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """V3 against V4: as run (V4's blocks compiled, V3 eager) within ``V3_EAGER_VS_V4``, and with the
+    whole step replayed from CUDA graphs no slower. Left out when the record has no V3 runs (the CPU)."""
+    out = []
+    for label, v4_label, name, limit in ((V3, V4, "V3 bf16 step time", V3_EAGER_VS_V4),
+                                         (V3_STEP_GRAPH, V4_STEP_GRAPH, "V3 bf16 whole step in CUDA graphs", 1.0)):
+        if not any(r["label"] == label for r in record["runs"]):
+            continue
+        target = f"{name} <= {limit:g}x V4's ({v4_label})"
+        run, base = timed_run(record, label), (v4 if v4_label == V4 else timed_run(record, v4_label))
+        if run and base:
+            ratio = run["step_ms_median"] / base["step_ms_median"]
+            out.append({"target": target, "met": ratio <= limit,
+                        "measured": f"{run['step_ms_median']:.1f} ms vs {base['step_ms_median']:.1f} ms = {ratio:.2f}x"})
+        else:
+            out.append({"target": target, "measured": f"{label} or {v4_label} not timed", "met": False})
     return out
 
 

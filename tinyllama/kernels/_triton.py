@@ -6,9 +6,10 @@ Vendor differences stay in ``tinyllama.device``; here we only ask it which back 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,12 @@ from tinyllama import device as dev
 # Read once, when the kernel modules are imported: tinyllama.kernels sets TRITON_INTERPRET=1 on a
 # machine without a GPU before it imports them, and @triton.jit reads the same variable.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Register the kernels as opaque operators (``torch.library.custom_op``: a compiled graph calls our
+# launchers) instead of ``torch.library.triton_op`` (Inductor compiles the Triton kernels into its
+# graph). Always so under the interpreter; elsewhere set TINYLLAMA_OPAQUE_OPS=1 before the import,
+# for example if Inductor cannot take one of the kernels on some Triton release.
+OPAQUE_OPS: bool = INTERPRET or os.environ.get("TINYLLAMA_OPAQUE_OPS", "0") == "1"
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -204,3 +211,171 @@ def compare_with_reference(
             raise KernelMismatch(f"gradient of {name}: missing (the backward does not reach it)")
         errors["d" + name] = assert_close(f"gradient of {name}", grad, want, tol)
     return errors
+
+
+# ------------------------------------------------------------------------------------------------
+# Launching: the autotuner's choice remembered per key, the compiled kernel launched directly
+# ------------------------------------------------------------------------------------------------
+
+try:  # Triton >= 3.4 keeps the launch hooks here; without it we launch through Triton's own path
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - older Triton
+    _knobs = None
+from triton.runtime import driver
+from triton.runtime.autotuner import Autotuner
+
+
+# Keys a launcher remembers before it starts afresh.
+MAX_LAUNCH_KEYS = 4096
+
+
+class Launcher:
+    """Launch a ``@triton.jit`` kernel (optionally ``@triton.autotune``-d) with little host time.
+
+    ``kernel[grid](*args, **meta)`` costs 45-100 us of host time per call in Triton 3.x for kernels
+    of ~30 arguments (H200, Triton 3.6), against 15 us for a small plain kernel: on every call the
+    autotuner rebuilds its key (a dict of all arguments, the dtypes of all tensors) and looks the
+    configuration up, then ``JITFunction.run`` binds every argument again, specialises each one
+    (dtype, 16-byte alignment, divisibility by 16) and hashes the result to find the compiled binary.
+
+    A launcher does that work once per *key* and remembers the outcome. The key is what decides
+    which binary Triton would pick and which configuration the autotuner would choose: the exact
+    values of every scalar argument (the autotuner's key among them; Triton specialises integers on
+    being 1 or a multiple of 16, and types them 32- or 64-bit, all implied by the value), every
+    constexpr passed by the caller, and each tensor's dtype and address modulo 16 (Triton specialises
+    on 16-byte alignment). The first call for a key runs the autotuner and Triton's normal
+    launch (compiling, timing candidates); later calls with the same key launch the remembered
+    ``CompiledKernel`` directly with the arguments in signature order, the way ``JITFunction.run``
+    ends (``CompiledKernel.run``; unchanged from Triton 3.4 to 3.8). The interpreter (CPU) and a
+    Triton without ``triton.knobs`` have no compiled binary to launch: there later calls go to
+    ``JITFunction.run`` with the remembered configuration, skipping only the autotuner.
+
+    ``misses`` counts calls that went through the autotuner (tests use it). Runtime arguments are
+    passed positionally in signature order, constexprs by keyword; every constexpr of the kernel
+    follows its runtime arguments (checked here).
+
+    Inside ``torch.library.triton_op`` tracing (fake or functional tensors) the call becomes
+    ``wrap_triton(kernel)[grid](...)``, so ``torch.compile`` sees the kernel; on fake tensors of an
+    opaque operator (``OPAQUE_OPS``: always under the interpreter, where no graph can hold an
+    interpreted kernel) nothing is launched (see ``tinyllama.kernels._ops``).
+    """
+
+    # False: every launch goes through Triton's own path (autotuner, then JITFunction.run), as before
+    # launchers remembered anything; for measuring what remembering saves (see ``triton_launch_path``).
+    remember: bool = True
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.autotuner = kernel if isinstance(kernel, Autotuner) else None
+        jit = kernel.fn if self.autotuner is not None else kernel
+        self.jit = jit
+        params = list(inspect.signature(jit.fn).parameters.values())
+        constexpr = [p.annotation is tl.constexpr or p.annotation == "tl.constexpr" for p in params]
+        self.n_runtime = constexpr.index(True) if True in constexpr else len(params)
+        if any(not c for c in constexpr[self.n_runtime:]):
+            raise TypeError(f"{self.name}: every constexpr must follow the runtime arguments")
+        self.constexpr_names = [p.name for p in params[self.n_runtime:]]
+        self.n_tensors = -1  # how many leading arguments are tensors (or None): known at the first call
+        self.direct = not INTERPRET and _knobs is not None
+        self.cache: dict[tuple, tuple] = {}
+        self.misses = 0
+
+    @property
+    def name(self) -> str:
+        return getattr(self.jit, "__name__", repr(self.jit))
+
+    def _key(self, args: tuple, meta: dict, device: object) -> tuple:
+        # Hot path, a few microseconds: the kernels take their tensors (or None) first, then scalars.
+        # Scalars enter the key by value (finer than the classes Triton specialises on, so a new
+        # value is a miss, never a wrong binary); tensors by dtype and 16-byte alignment.
+        n = self.n_tensors
+        tensors = args[:n]
+        return (device, args[n:], *meta.items(), *[None if t is None else t.dtype for t in tensors],
+                *[None if t is None else t.data_ptr() & 15 for t in tensors])
+
+    def __call__(self, grid, *args, **meta):
+        """Launch on ``grid`` (a tuple, or a callable of the configuration's meta-parameters)."""
+        first = args[0]
+        if first.__class__ is not torch.Tensor and isinstance(first, torch.Tensor) and _traced(args):
+            if OPAQUE_OPS:
+                return None  # fake tensors: only shapes are wanted, and the allocations gave them
+            from torch.library import wrap_triton
+
+            return wrap_triton(self.kernel)[grid](*args, **meta)
+        if not Launcher.remember:
+            return self.kernel[grid](*args, **meta)
+        # The binary is loaded on the device that was current when it was first launched.
+        device = _current_device() if self.direct else None
+        if self.n_tensors < 0:
+            self.n_tensors = next((i for i, a in enumerate(args) if not (a is None or isinstance(a, torch.Tensor))),
+                                  len(args))
+        key = self._key(args, meta, device)
+        entry = self.cache.get(key)
+        if entry is None:
+            return self._first_call(key, grid, args, meta)
+        compiled, config_meta, tail, options = entry
+        if callable(grid):
+            grid = grid(config_meta)
+        if compiled is None:
+            return self.jit.run(*args, grid=grid, warmup=False, **meta, **options)
+        stream = _current_stream(device)
+        full = (*args, *tail)
+        enter = _knobs.runtime.launch_enter_hook
+        metadata = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                     compiled.function, compiled.packed_metadata, metadata, enter, _knobs.runtime.launch_exit_hook,
+                     *full)
+        return compiled
+
+    def _first_call(self, key: tuple, grid, args: tuple, meta: dict):
+        if len(args) != self.n_runtime:  # the direct launch passes them in signature order
+            raise TypeError(f"{self.name}: pass its {self.n_runtime} runtime arguments positionally "
+                            f"(got {len(args)}) and its constexprs by keyword")
+        self.misses += 1
+        if len(self.cache) >= MAX_LAUNCH_KEYS:  # sizes that change every call (decoding): stay bounded
+            self.cache.clear()
+        compiled = self.kernel[grid](*args, **meta)
+        config = self.autotuner.best_config if self.autotuner is not None else None
+        options = config.all_kwargs() if config is not None else {}
+        config_meta = {**meta, **(config.kwargs if config is not None else {})}
+        if hasattr(compiled, "result"):  # Triton's asynchronous compilation mode
+            compiled = compiled.result()
+        direct = self.direct and compiled is not None and hasattr(compiled, "packed_metadata")
+        tail = tuple(config_meta[name] for name in self.constexpr_names) if direct else ()
+        self.cache[key] = (compiled if direct else None, config_meta, tail, options)
+        return compiled
+
+
+def _current_device() -> int:
+    """The device Triton launches on (the current one), as ``JITFunction.run`` asks for it."""
+    return driver.active.get_current_device()
+
+
+def _current_stream(device: int) -> int:
+    """The stream Triton launches on: PyTorch's current stream (a CUDA graph's while capturing)."""
+    return driver.active.get_current_stream(device)
+
+
+def _traced(args: tuple) -> bool:
+    """Whether the tensors are those of a tracer (fake or functional tensors), not real data."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return any(isinstance(a, (FakeTensor, FunctionalTensor)) for a in args)
+
+
+@contextlib.contextmanager
+def triton_launch_path() -> Iterator[None]:
+    """Within this context every launcher launches through Triton's own path (``kernel[grid](...)``:
+    the autotuner's lookup and ``JITFunction.run``'s binding), as a plain ``@triton.autotune`` kernel
+    would: the "before" of :class:`Launcher`'s host time."""
+    previous, Launcher.remember = Launcher.remember, False
+    try:
+        yield
+    finally:
+        Launcher.remember = previous
+
+
+def launcher(kernel) -> Launcher:
+    """Decorator form of :class:`Launcher`, placed above ``@autotune`` / ``@triton.jit``."""
+    return Launcher(kernel)

@@ -32,8 +32,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
-    MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, mma, pipeline_stages, unit_last_stride, upcast_dots,
+    MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, launcher, mma, pipeline_stages, unit_last_stride,
+    upcast_dots,
 )
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -139,6 +141,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, o
     return acc, l_i, m_i
 
 
+@launcher
 @autotune(_FWD, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
@@ -190,6 +193,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
 # ------------------------------------------------------------------------------------------------
 
 
+@launcher
 @triton.jit(do_not_specialize=_DYNAMIC[:2])
 def _bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
                            H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -235,6 +239,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, st
     return dk, dv
 
 
+@launcher
 @autotune(_DKDV, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
@@ -316,6 +321,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
     return dq
 
 
+@launcher
 @autotune(_DQ, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
@@ -367,8 +373,9 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
 
 
 def _bhsd(t: torch.Tensor) -> tuple[int, int, int]:
-    """Batch, head and sequence strides of a (batch, heads, seq, head_dim) tensor."""
-    return t.stride(0), t.stride(1), t.stride(2)
+    """Batch, head and sequence strides of a (batch, heads, seq, head_dim) tensor (one ``stride()``
+    call: a launch reads eight of these, and each ``stride(i)`` costs the host as much as the tuple)."""
+    return t.stride()[:3]
 
 
 def _empty_bshd(batch: int, heads: int, seq: int, head_dim: int, like: torch.Tensor) -> torch.Tensor:
@@ -416,7 +423,7 @@ def flash_attention_forward(
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     if out.numel():
         grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-        _attn_fwd_kernel[grid](q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
+        _attn_fwd_kernel(grid, q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
                                heads, seq, groups, **_meta(q, causal))
     return out, lse
 
@@ -440,14 +447,14 @@ def flash_attention_backward(
         return dq, dk, dv
     delta = torch.empty_like(lse)
     pre_block = 64
-    _bwd_preprocess_kernel[(triton.cdiv(seq, pre_block), batch * heads)](
-        out, dout, delta, *_bhsd(out), *_bhsd(dout), heads, seq, HEAD_DIM=head_dim, BLOCK_M=pre_block)
+    _bwd_preprocess_kernel((triton.cdiv(seq, pre_block), batch * heads), out, dout, delta, *_bhsd(out), *_bhsd(dout),
+                           heads, seq, HEAD_DIM=head_dim, BLOCK_M=pre_block)
     meta = _meta(q, causal)
     grid_kv = lambda m: (triton.cdiv(seq, m["BLOCK_N"]), batch * kv_heads)  # noqa: E731
-    _attn_bwd_dkdv_kernel[grid_kv](q, k, v, dout, lse, delta, dk, dv, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
+    _attn_bwd_dkdv_kernel(grid_kv, q, k, v, dout, lse, delta, dk, dv, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
                                    *_bhsd(dout), *_bhsd(dk), *_bhsd(dv), heads, seq, groups, **meta)
     grid_q = lambda m: (triton.cdiv(seq, m["BLOCK_M"]), batch * heads)  # noqa: E731
-    _attn_bwd_dq_kernel[grid_q](q, k, v, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
+    _attn_bwd_dq_kernel(grid_q, q, k, v, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
                                 *_bhsd(dout), *_bhsd(dq), heads, seq, groups, **meta)
     return dq, dk, dv
 
@@ -457,7 +464,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale):  # type: ignore[override]
-        out, lse = flash_attention_forward(q, k, v, causal, sm_scale)
+        with _ops.named("flash_attention_forward"):
+            out, lse = flash_attention_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.sm_scale = causal, sm_scale
         return out
@@ -465,8 +473,73 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale)
+        with _ops.named("flash_attention_backward"):
+            dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale)
         return dq, dk, dv, None, None
+
+
+# The operators tinyllama::flash_attention_forward and tinyllama::flash_attention_backward (see
+# tinyllama.kernels._ops): what torch.compile, FlopCounterMode and the profiler see.
+
+
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attention_forward(q, k, v, causal, sm_scale)
+
+
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, causal: bool,
+                 sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return flash_attention_backward(dout, q, k, v, out, lse, causal, sm_scale)
+
+
+forward_op = _ops.register(
+    "flash_attention_forward", _forward_op,
+    schema="(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale) -> (Tensor, Tensor)")
+backward_op = _ops.register(
+    "flash_attention_backward", _backward_op,
+    schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? sm_scale)"
+           " -> (Tensor, Tensor, Tensor)")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, causal, sm_scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.sm_scale = causal, sm_scale
+
+
+def _op_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.tinyllama.flash_attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale)
+    return dq, dk, dv, None, None
+
+
+forward_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+def _expanded(q_shape, kv_shape) -> tuple[int, ...]:
+    """Key/value shape with as many heads as the queries (grouped-query heads are read, not copied,
+    but every query head does its products with them; older torch's formulas want equal heads)."""
+    return (*q_shape[:2], *kv_shape[2:])
+
+
+def _forward_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    # SDPA's formula: the products of the whole score matrix, causal or not (as FlopCounterMode
+    # counts PyTorch's own attention), so V3's count equals V1's and V4's.
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(q_shape, _expanded(q_shape, k_shape), _expanded(q_shape, v_shape))
+
+
+def _backward_flops(dout_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(dout_shape, q_shape, _expanded(q_shape, k_shape), _expanded(q_shape, v_shape))
+
+
+_ops.register_flops(forward_op, _forward_flops)
+_ops.register_flops(backward_op, _backward_flops)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -476,7 +549,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     q: (batch, heads, seq, head_dim); k, v: (batch, kv_heads, seq, head_dim) with ``heads`` a multiple
     of ``kv_heads`` (grouped-query attention). ``sm_scale`` defaults to ``1 / sqrt(head_dim)``.
+    Eager calls go straight to the autograd Function; traced or counted ones through the
+    operator ``torch.ops.tinyllama.flash_attention_forward`` (see ``tinyllama.kernels._ops``).
     """
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.flash_attention_forward(q, k, v, causal, sm_scale)[0]
     return FlashAttentionFunction.apply(q, k, v, causal, sm_scale)
 
 

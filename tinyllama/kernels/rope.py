@@ -39,7 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyllama.kernels._triton import autotune, check_tensors, configs, unit_last_stride
+from tinyllama.kernels import _ops
+from tinyllama.kernels._triton import autotune, check_tensors, configs, launcher, unit_last_stride
 
 
 def _row_configs() -> list[triton.Config]:
@@ -57,6 +58,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[:1]
 
 
+@launcher
 @autotune(_row_configs(), ["HALF"], _prune)
 # M (the row count) and S (the sequence length) change from call to call without a recompile for
 # each value; they only enter the index arithmetic. HALF is a constexpr (one compile per head size):
@@ -125,7 +127,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool
         def grid(meta: dict) -> tuple[int]:
             return (triton.cdiv(M, meta["BLOCK_M"]),)
 
-        _rope_kernel[grid](x, cos, sin, out, M, S, H,
+        _rope_kernel(grid, x, cos, sin, out, M, S, H,
                            x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
                            cos.stride(0), sin.stride(0),
                            HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), INVERSE=inverse)
@@ -150,12 +152,41 @@ class RoPEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin):  # type: ignore[override]
         ctx.save_for_backward(cos, sin)
-        return rope_forward(x, cos, sin)
+        with _ops.named("rope"):
+            return rope_forward(x, cos, sin)
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
-        return rope_backward(dout, cos, sin), None, None
+        with _ops.named("rope"):
+            return rope_backward(dout, cos, sin), None, None
+
+
+# The operator tinyllama::rope (see tinyllama.kernels._ops): what torch.compile, FlopCounterMode and
+# the profiler see. Its gradient is the same operator with the inverse rotation.
+
+
+def _rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
+    _check(x, cos, sin)
+    return _rotate(x, cos, sin, inverse)
+
+
+rope_op = _ops.register("rope", _rope_op, schema="(Tensor x, Tensor cos, Tensor sin, bool inverse) -> Tensor")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    _x, cos, sin, inverse = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.inverse = inverse
+
+
+def _op_backward(ctx, dout):
+    cos, sin = ctx.saved_tensors
+    return torch.ops.tinyllama.rope(dout, cos, sin, not ctx.inverse), None, None, None
+
+
+rope_op.register_autograd(_op_backward, setup_context=_setup_context)
+_ops.register_flops(rope_op, _ops.no_flops)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -165,7 +196,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     halves are equal; position ``s`` uses row ``s``. ``x`` may be any view whose last dimension has
     unit stride (otherwise it is copied once). The result has ``x``'s shape and dtype and is a
     (batch, heads, seq, head_dim) view of memory ordered (batch, seq, heads, head_dim).
+    Eager calls go straight to the autograd Function; traced or counted ones through the
+    operator ``torch.ops.tinyllama.rope`` (see ``tinyllama.kernels._ops``).
     """
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.rope(x, cos, sin, False)
     return RoPEFunction.apply(x, cos, sin)
 
 

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, rows_view
+from tinyllama.kernels import _ops
+from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, launcher, rows_view
 
 
 def _tile_configs() -> list[triton.Config]:
@@ -36,6 +37,7 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     return kept or configs_[-1:]
 
 
+@launcher
 @autotune(_tile_configs(), ["N"], _prune)
 # M and N may change from call to call without a recompile of the kernel for each value; N keeps
 # Triton's divisibility-by-16 specialisation, which lets the masked loads be vectorised (see rmsnorm.py).
@@ -51,6 +53,7 @@ def _swiglu_fwd_kernel(G, U, OUT, stride_g, stride_u, stride_o, M, N,
     tl.store(OUT + rows * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
 
 
+@launcher
 @autotune(_tile_configs(), ["N"], _prune)
 @triton.jit(do_not_specialize=["M"])
 def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, stride_do, stride_g, stride_u, stride_dg, stride_du, M, N,
@@ -88,7 +91,7 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     M, N = g.shape
     out = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
     if out.numel():
-        _swiglu_fwd_kernel[_grid(M, N)](g, u, out, g.stride(0), u.stride(0), out.stride(0), M, N)
+        _swiglu_fwd_kernel(_grid(M, N), g, u, out, g.stride(0), u.stride(0), out.stride(0), M, N)
     return out.view(gate.shape)
 
 
@@ -108,7 +111,7 @@ def swiglu_backward(
     else:
         dg, du = grads
     if dg.numel():
-        _swiglu_bwd_kernel[_grid(M, N)](do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0),
+        _swiglu_bwd_kernel(_grid(M, N), do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0),
                                         dg.stride(0), du.stride(0), M, N)
     return dg.view(gate.shape), du.view(gate.shape)
 
@@ -119,17 +122,71 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):  # type: ignore[override]
         ctx.save_for_backward(gate, up)
-        return swiglu_forward(gate, up)
+        with _ops.named("swiglu_forward"):
+            return swiglu_forward(gate, up)
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         gate, up = ctx.saved_tensors
-        return swiglu_backward(dout, gate, up)
+        with _ops.named("swiglu_backward"):
+            return swiglu_backward(dout, gate, up)
+
+
+# The operators tinyllama::swiglu_forward / _backward and tinyllama::swiglu_packed_forward / _backward
+# (see tinyllama.kernels._ops): what torch.compile, FlopCounterMode and the profiler see.
+
+
+def _forward_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return swiglu_forward(gate, up)
+
+
+def _backward_op(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return swiglu_backward(dout, gate, up)
+
+
+def _packed_forward_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return swiglu_forward(*gate_up.chunk(2, dim=-1))
+
+
+def _packed_backward_op(dout: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    return swiglu_packed_backward(dout, gate_up)
+
+
+forward_op = _ops.register("swiglu_forward", _forward_op, schema="(Tensor gate, Tensor up) -> Tensor")
+backward_op = _ops.register("swiglu_backward", _backward_op,
+                            schema="(Tensor dout, Tensor gate, Tensor up) -> (Tensor, Tensor)")
+packed_forward_op = _ops.register("swiglu_packed_forward", _packed_forward_op, schema="(Tensor gate_up) -> Tensor")
+packed_backward_op = _ops.register("swiglu_packed_backward", _packed_backward_op,
+                                   schema="(Tensor dout, Tensor gate_up) -> Tensor")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _op_backward(ctx, dout):
+    gate, up = ctx.saved_tensors
+    return torch.ops.tinyllama.swiglu_backward(dout, gate, up)
+
+
+def _packed_op_backward(ctx, dout):
+    (gate_up,) = ctx.saved_tensors
+    return torch.ops.tinyllama.swiglu_packed_backward(dout, gate_up)
+
+
+forward_op.register_autograd(_op_backward, setup_context=_setup_context)
+packed_forward_op.register_autograd(_packed_op_backward, setup_context=_setup_context)
+for _op in (forward_op, backward_op, packed_forward_op, packed_backward_op):
+    _ops.register_flops(_op, _ops.no_flops)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` elementwise, differentiable in both; ``gate`` and ``up`` may be any views
-    (for example the two halves of one fused projection) of the same shape."""
+    (for example the two halves of one fused projection) of the same shape. Eager calls go straight
+    to the autograd Function; traced or counted ones through ``torch.ops.tinyllama.swiglu_forward``
+    (see ``tinyllama.kernels._ops``)."""
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.swiglu_forward(gate, up)
     return SwiGLUFunction.apply(gate, up)
 
 
@@ -141,15 +198,22 @@ class SwiGLUPackedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate_up):  # type: ignore[override]
         ctx.save_for_backward(gate_up)
-        return swiglu_forward(*gate_up.chunk(2, dim=-1))
+        with _ops.named("swiglu_packed_forward"):
+            return swiglu_forward(*gate_up.chunk(2, dim=-1))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         (gate_up,) = ctx.saved_tensors
-        width = gate_up.shape[-1] // 2
-        grad = torch.empty((dout.numel() // max(width, 1), 2 * width), dtype=gate_up.dtype, device=gate_up.device)
-        swiglu_backward(dout, *gate_up.chunk(2, dim=-1), grads=(grad[:, :width], grad[:, width:]))
-        return grad.view(gate_up.shape)
+        with _ops.named("swiglu_packed_backward"):
+            return swiglu_packed_backward(dout, gate_up)
+
+
+def swiglu_packed_backward(dout: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``swiglu_packed`` with respect to ``gate_up``, as one tensor of its shape."""
+    width = gate_up.shape[-1] // 2
+    grad = torch.empty((dout.numel() // max(width, 1), 2 * width), dtype=gate_up.dtype, device=gate_up.device)
+    swiglu_backward(dout, *gate_up.chunk(2, dim=-1), grads=(grad[:, :width], grad[:, width:]))
+    return grad.view(gate_up.shape)
 
 
 def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
@@ -158,6 +222,8 @@ def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_packed: the last dimension of {tuple(gate_up.shape)} must be even "
                          "(gate and up side by side)")
+    if _ops.dispatch_through_ops():
+        return torch.ops.tinyllama.swiglu_packed_forward(gate_up)
     return SwiGLUPackedFunction.apply(gate_up)
 
 

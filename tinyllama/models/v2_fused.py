@@ -144,7 +144,41 @@ def block_class(switches: Switches) -> type[FusedBlock]:
     })
 
 
-class TinyLlama(v1.TinyLlama):
+class CompiledBlocks:
+    """The ``compile`` and ``compile_mode`` switches (V2, V3, V4): regional compilation of every
+    decoder block, and the step mark that CUDA graph trees need in the modes that replay graphs.
+    The model sets ``self.switches`` (a :class:`Switches`) and calls :meth:`compile_blocks` once its
+    layers exist; put this class before ``v1.TinyLlama`` among the bases."""
+
+    switches: Switches
+    layers: nn.ModuleList
+
+    def compile_blocks(self) -> None:
+        if self.switches.compile:
+            # Regional compilation: each block is compiled, and as all blocks run the same code, the
+            # graph compiled for the first serves the others. Parameter names are unchanged.
+            for layer in self.layers:
+                layer.compile(mode=self.switches.compile_mode)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.own_cuda_graphs:
+            # Each forward starts a new step for PyTorch's CUDA graph trees. Without this mark the
+            # blocks of one forward, compiled one by one, could be taken for separate steps when no
+            # backward is pending (evaluation), and each would overwrite the graph outputs that the
+            # next one reads. Consequence: a model's outputs are valid until its next forward.
+            torch.compiler.cudagraph_mark_step_begin()
+        return super().forward(input_ids)  # type: ignore[misc]
+
+    @property
+    def compiled(self) -> bool:
+        return self.switches.compile
+
+    @property
+    def own_cuda_graphs(self) -> bool:
+        return self.switches.compile and self.switches.compile_mode in CUDA_GRAPH_MODES
+
+
+class TinyLlama(CompiledBlocks, v1.TinyLlama):
     """TinyLLaMA with fused projections; every optimization can be switched off (see module doc)."""
 
     version = "v2"
@@ -157,28 +191,7 @@ class TinyLlama(v1.TinyLlama):
         self.block_class = block_class(switches)
         super().__init__(config)
         self.switches = switches
-        if compile:
-            # Regional compilation: each block is compiled, and as all blocks run the same code, the
-            # graph compiled for the first serves the others. Parameter names are unchanged.
-            for layer in self.layers:
-                layer.compile(mode=compile_mode)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.switches.compile and self.switches.compile_mode in CUDA_GRAPH_MODES:
-            # Each forward starts a new step for PyTorch's CUDA graph trees. Without this mark the
-            # blocks of one forward, compiled one by one, could be taken for separate steps when no
-            # backward is pending (evaluation), and each would overwrite the graph outputs that the
-            # next one reads. Consequence: a model's outputs are valid until its next forward.
-            torch.compiler.cudagraph_mark_step_begin()
-        return super().forward(input_ids)
-
-    @property
-    def compiled(self) -> bool:
-        return self.switches.compile
-
-    @property
-    def own_cuda_graphs(self) -> bool:
-        return self.switches.compile and self.switches.compile_mode in CUDA_GRAPH_MODES
+        self.compile_blocks()
 
     def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
         """Which parameters are V1 weights stacked along the output dimension, and in what order."""

@@ -105,30 +105,38 @@ class ColumnMajorLinear(nn.Linear):
         return (self.weight @ tokens.t()).t().view(*x.shape[:-1], self.out_features)
 
 
-class TinyLlama(v1.TinyLlama):
+class TinyLlama(v2.CompiledBlocks, v1.TinyLlama):
     """TinyLLaMA with Triton RMSNorm, flash attention and SwiGLU; ``stage`` selects the debugging
-    exercise's broken variants (see the module docstring)."""
+    exercise's broken variants (see the module docstring). ``compile`` compiles each decoder block
+    with ``torch.compile`` as V2 and V4 do (``compile_mode`` picks the mode): the kernels are
+    registered operators (``torch.ops.tinyllama.*``), so Inductor traces through them."""
 
     version = "v3"
-    switch_names = ("stage",)
+    switch_names = ("stage", "compile", "compile_mode")
     block_class = Block
     fused_optimizer = True  # the training step may update all parameters with one fused AdamW kernel
 
-    def __init__(self, config: ModelConfig, *, stage: int = 3) -> None:
+    def __init__(self, config: ModelConfig, *, stage: int = 3, compile: bool = False,
+                 compile_mode: str = "default") -> None:
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}: choose 1 ({STAGES[1]}), 2 ({STAGES[2]}) or 3 ({STAGES[3]})")
+        switches = v2.Switches(fuse_qkv=True, fuse_gate_up=True, sdpa=False, compile=bool(compile),
+                               compile_mode=compile_mode)  # checks the mode before anything is built
         super().__init__(config)
         self.stage = stage
+        self.switches = switches
         if stage == 1:
             self.reset_parameters(std=BROKEN_INIT_STD)
         if stage == 2:
             for module in self.modules():
                 if type(module) is nn.Linear:
                     module.__class__ = ColumnMajorLinear  # same parameters, transposed outputs
+        self.compile_blocks()
 
     def fused_weights(self) -> dict[str, list[tuple[str, int]]]:
         """V2's fused QKV and gate/up weights: V1's stacked (see ``tinyllama.models.weights``)."""
         return v2.fused_weight_spec(self.config)
 
     def extra_repr(self) -> str:
-        return f"stage={self.stage} ({STAGES[self.stage]})"
+        compiled = f", compile_mode={self.switches.compile_mode}" if self.compiled else ""
+        return f"stage={self.stage} ({STAGES[self.stage]}){compiled}"
