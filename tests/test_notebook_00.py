@@ -72,7 +72,7 @@ def test_a_wrong_factor_is_named(lenient, capsys):
     out = capsys.readouterr().out
     assert "2x too small: a multiply AND an add" in out
     assert not rate_checks.check_formula("f", lambda n, ms: 2 * n**3 / ms / 1e12, [((1000, 2.0), 1.0)], "00.1")
-    assert "1000x too small: milliseconds" in capsys.readouterr().out
+    assert "1000x too small: milliseconds are 1e-3 seconds" in capsys.readouterr().out
 
 
 def test_unanswered_exercises_are_said_so_without_raising(lenient, capsys):

@@ -29,6 +29,7 @@ def _namespace():
     baseline = SimpleNamespace(batch_size=64, ms_per_batch=9.415, throughput=64 / 9.415e-3)
     first = SimpleNamespace(host_ms=SimpleNamespace(median=5.3))
     return {"course": course, "rate_checks": rate_checks, "launch": launch, "baseline": baseline, "first": first,
+            "device": SimpleNamespace(type="cuda"),
             "sizes": SIZES, "ms_per_batch": MS, "flat_end": launch.flat_until(SIZES, MS)}
 
 

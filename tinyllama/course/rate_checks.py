@@ -18,11 +18,11 @@ from tinyllama.course.checkpoints import checkpoint
 
 # Factors a rate formula is typically off by, and what each one points at.
 COMMON_FACTORS: dict[float, str] = {
-    2.0: "off by a factor of 2",
-    1e3: "off by 1000: milliseconds are 1e-3 seconds",
-    1e6: "off by a million: a unit prefix (micro, mega) is off",
-    1e9: "off by 1e9: tera is 1e12, giga 1e9",
-    1e12: "off by 1e12: the result is in FLOP/s or B/s, not in tera-units",
+    2.0: "something that happens twice counted once, or once counted twice",
+    1e3: "milliseconds are 1e-3 seconds",
+    1e6: "a unit prefix (micro, mega) is off",
+    1e9: "tera is 1e12, giga 1e9",
+    1e12: "the result is in FLOP/s or B/s, not in tera-units",
 }
 
 
