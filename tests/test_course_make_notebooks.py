@@ -118,7 +118,9 @@ def test_generator_reports_broken_markers_without_traceback(tmp_path, capsys):
     assert "05_bad.ipynb, cell 0, line 1: the solution block has no HINT" in capsys.readouterr().err
 
 
-def test_environment_check_has_nothing_to_fill_in():
+def test_environment_check_runs_to_its_verdict_with_nothing_filled_in():
+    """Its exercises are skeletons (a function that returns None, a dict of None) whose checks say "not
+    answered yet": a participant's Run All reaches the verdict, as the browser test expects."""
     participant = nbformat.read(NOTEBOOKS / "00_environment_check.ipynb", as_version=4)
     sources = "\n".join(cell.source for cell in participant.cells)
-    assert "TODO" not in sources and "NotImplementedError" not in sources
+    assert "NotImplementedError" not in sources
