@@ -74,13 +74,6 @@ def test_unbudgeted_search_that_meets_no_limit_says_the_batch_limit_bounded_it()
         sweep.find_max_batch_size(config, runner=_megabyte_per_sample, memory_budget_bytes=0)
 
 
-def test_budgeted_search_on_a_real_network():
-    config = BenchmarkConfig(network="squeezenet1_0", batch_size=2, input_size=32, warmup=1, iterations=1,
-                             device="cpu", progress=False)
-    found = sweep.find_max_batch_size(config, limit=256, memory_budget_bytes=6 * MIB, benchmark_largest=False)
-    assert found.bounded_by == "memory budget" and 4 <= found.max_batch_size < found.first_failing <= 32
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="caps a GPU's allocator")
 def test_cap_memory_raises_on_the_gpu_and_restores_the_cap():
     device = torch.device("cuda")
@@ -126,3 +119,13 @@ def test_ran_as_names_tf32_where_it_was_allowed():
     assert "TF32 off" in inference.ran_as("fp32", {"tf32_conv": False, "tf32_matmul": False, "backend": "cuda"})
     assert "ROCm" in inference.ran_as("fp32", {"tf32_conv": True, "backend": "rocm"})
     assert inference.ran_as("fp16", {}) == "fp16 weights and activations"
+
+
+def test_the_command_line_searches_within_a_budget(capsys, tmp_path):
+    from inference import cli
+
+    code = cli.main(["--network", "squeezenet1_0", "--input-size", "32", "--batch-size", "2", "--iterations", "1",
+                     "--warmup", "1", "--device", "cpu", "--quiet", "--max-batch", "--memory-budget-gib",
+                     str(6 / 1024), "--output-dir", str(tmp_path)])
+    assert code == 0
+    assert "bounded by the memory budget" in capsys.readouterr().out
