@@ -149,3 +149,12 @@ def test_forgetting_the_weights_fails_where_they_take_most_of_the_budget(noteboo
 def test_a_search_stopped_by_its_batch_limit_fails_the_check(notebook):
     with pytest.raises(CheckpointFailed, match="batch limit"):
         _batch(notebook, GPU, bounded_by="batch limit")
+
+
+def test_missing_predictions_fail_with_a_message_not_a_traceback():
+    with pytest.raises(CheckpointFailed, match="no prediction written"):
+        check_error_ratio(None, 6.4e-4, 5.4e-3)
+    with pytest.raises(CheckpointFailed, match="no prediction written"):
+        check_batch_prediction(None, 668, 340)
+    with pytest.raises(CheckpointFailed, match="found no batch"):
+        check_batch_prediction(656.0, None, None)

@@ -65,10 +65,13 @@ def check_unit_roundoff(unit_roundoff: Callable[[int], float]) -> bool:
                       f"your unit roundoff does not match the measured rounding errors. {advice}")
 
 
-def check_error_ratio(predicted: float, fp16_error: float, bf16_error: float, factor: float = 2.5) -> bool:
+def check_error_ratio(predicted: float | None, fp16_error: float, bf16_error: float, factor: float = 2.5) -> bool:
     """The predicted bf16 / fp16 error ratio on a network within ``factor`` of the measured one. One
     random batch scatters the ratio around the rounding ratio, hence the loose band."""
     measured = bf16_error / fp16_error if fp16_error > 0 else math.inf
+    if predicted is None:
+        return checkpoint(False, "", f"no prediction written (predicted_error_ratio is None); measured {measured:.3g}. "
+                                     "Write your prediction in the cell above and run both cells again.")
     ok = math.isfinite(predicted) and predicted > 0 and measured / factor <= predicted <= measured * factor
     return checkpoint(ok, f"predicted bf16/fp16 error ratio {predicted:.3g}, measured {measured:.3g}: within a "
                           f"factor {factor:g}, so the network's error follows the formats' rounding",
@@ -77,9 +80,12 @@ def check_error_ratio(predicted: float, fp16_error: float, bf16_error: float, fa
                       "bits, not their total bits or their ranges.")
 
 
-def check_batch_prediction(predicted: float, measured: int, fp32_largest: int, low: float = 0.75,
-                           high: float = 1.33) -> bool:
+def check_batch_prediction(predicted: float | None, measured: int | None, fp32_largest: int | None,
+                           low: float = 0.75, high: float = 1.33) -> bool:
     """The predicted largest 16-bit batch within ``[low, high]`` times the one the search found."""
+    if predicted is None or measured is None:
+        return checkpoint(False, "", "no prediction written (predicted_half_batch is None)" if predicted is None
+                          else "the 16-bit search found no batch that fits: look at its probes above")
     ratio = predicted / measured if measured else math.inf
     ok = math.isfinite(ratio) and low <= ratio <= high
     hint = ""
