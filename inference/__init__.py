@@ -17,7 +17,9 @@ from typing import Any
 from inference.benchmark import BenchmarkResult, CheckFailedError, OutOfMemoryError, run_benchmark
 from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
 from inference.networks import NetworkSpec, UnknownNetworkError, get_spec, list_networks
-from inference.precision import AccuracyReport, compare_precisions
+from inference.memory import LiveBytesBudget, memory_budget
+from inference.precision import (MANTISSA_BITS, AccuracyReport, compare_precisions, ran_as, round_to_mantissa,
+                                 tf32_mode)
 from inference.profilers import FlopsProfile, MissingDependencyError
 from inference.results import results_frame
 from tinyllama.records import append_csv, append_json, load_json
@@ -25,9 +27,10 @@ from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, ru
 
 __all__ = [
     "AccuracyReport", "BenchmarkConfig", "BenchmarkError", "BenchmarkResult", "CheckFailedError", "ConfigError",
-    "FlopsProfile", "MaxBatchResult", "MissingDependencyError", "NetworkSpec", "OutOfMemoryError", "SweepResult",
+    "FlopsProfile", "LiveBytesBudget", "MANTISSA_BITS", "MaxBatchResult", "MissingDependencyError", "NetworkSpec", "OutOfMemoryError", "SweepResult",
     "UnknownNetworkError", "append_csv", "append_json", "compare_precisions", "find_max_batch_size", "get_spec", "list_networks",
-    "load_json", "results_frame", "run", "run_benchmark", "run_many", "sweep_batch_sizes",
+    "load_json", "memory_budget", "ran_as", "results_frame", "round_to_mantissa", "run", "run_benchmark", "run_many",
+    "sweep_batch_sizes", "tf32_mode",
 ]
 
 

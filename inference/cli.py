@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="find the largest batch that fits in device memory (doubling from --batch-size, "
                              "then bisecting) and benchmark it")
     sweeps.add_argument("--max-batch-limit", type=int, default=8192, help="stop the search here (default 8192)")
+    sweeps.add_argument("--memory-budget-gib", type=float, default=None,
+                        help="with --max-batch: search as if the device had only this much memory (GiB); "
+                             "default: the whole device")
 
     out = parser.add_argument_group("results")
     out.add_argument("--output-dir", default=".",
@@ -226,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(swept.table())
             records = [r.as_record() for r in swept.results]
         elif args.max_batch:
-            found = sweep.find_max_batch_size(config, limit=args.max_batch_limit)
+            budget = None if args.memory_budget_gib is None else int(args.memory_budget_gib * 2**30)
+            found = sweep.find_max_batch_size(config, limit=args.max_batch_limit, memory_budget_bytes=budget)
             print(found.describe())
             if found.result is not None:
                 print(found.result.summary())

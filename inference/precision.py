@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import asdict, dataclass
-from typing import ContextManager, Sequence
+from typing import ContextManager, Iterator, Mapping, Sequence
 
 import torch
 
 from inference import networks
 from inference.config import BenchmarkError
+from tinyllama import device as dev
 
 # Largest difference from the fp32 reference, relative to the reference's largest magnitude, that a
 # run may show. Random-weight networks amplify rounding less than trained ones do at these sizes
@@ -95,6 +96,59 @@ def tf32_enabled(device: torch.device) -> dict[str, bool]:
         return {"tf32_matmul": False, "tf32_conv": False}
     return {"tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
             "tf32_conv": bool(torch.backends.cudnn.allow_tf32)}
+
+
+# Explicit mantissa bits (the stored fraction; the leading 1 is implied) of the formats the course uses.
+# TF32 is not a storage format: NVIDIA's matrix units round fp32 inputs to it and accumulate in fp32.
+MANTISSA_BITS = {"fp32": 23, "tf32": 10, "fp16": 10, "bf16": 7}
+
+
+@contextlib.contextmanager
+def tf32_mode(enabled: bool) -> Iterator[None]:
+    """Within the block, fp32 convolutions (cuDNN) and matmuls (cuBLAS) may (``True``) or may not
+    (``False``) round their inputs to TF32. PyTorch's defaults: convolutions may, matmuls may not.
+    The previous settings are restored afterwards. Without a GPU the flags change nothing."""
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def round_to_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """``x`` (fp32) rounded to the nearest value with ``bits`` explicit mantissa bits and fp32's
+    exponent range, returned in fp32: what a matrix unit sees of an fp32 input in TF32 (``bits=10``).
+    Ties round away from zero (hardware rounds them to even; the largest error is the same)."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_to_mantissa takes an fp32 tensor (got {x.dtype})")
+    if not 0 <= bits <= 23:
+        raise ValueError(f"fp32 has 23 mantissa bits: keep 0..23 of them (got {bits})")
+    drop = 23 - bits
+    if drop == 0:
+        return x.clone()
+    as_int = x.contiguous().view(torch.int32)
+    # Add half of the last kept bit to the magnitude, then clear the dropped bits; a carry into the
+    # exponent is the correct rounding up to the next power of two.
+    rounded = (as_int + (1 << (drop - 1))) & ~((1 << drop) - 1)
+    return rounded.view(torch.float32)
+
+
+def ran_as(precision: str, environment: Mapping[str, object]) -> str:
+    """What a run in ``precision`` computed in, from its recorded ``environment`` (``tf32_conv``,
+    ``tf32_matmul``, ``backend``): "fp32" on an NVIDIA GPU runs its convolutions in TF32 by default."""
+    if precision != "fp32":
+        return {"fp16": "fp16 weights and activations", "bf16": "bf16 weights and activations",
+                "amp": "fp32 weights, autocast to 16 bits"}.get(precision, precision)
+    conv, matmul = bool(environment.get("tf32_conv")), bool(environment.get("tf32_matmul"))
+    if not (conv or matmul):
+        return "fp32 throughout (TF32 off)" if environment.get("backend") != "cpu" else "fp32 throughout"
+    parts = " and ".join(name for name, on in (("convolutions", conv), ("matmuls", matmul)) if on)
+    text = f"{parts} in TF32, storage fp32"
+    if environment.get("backend") == "rocm":
+        text += " (if this GPU and ROCm honour PyTorch's TF32 flags)"
+    return text
 
 
 def unsupported_message(error: BaseException, precision: str, device: torch.device) -> str | None:
@@ -190,9 +244,15 @@ def compare(reference: torch.Tensor, output: torch.Tensor, precision: str, class
 
 def compare_precisions(network: str, precisions: Sequence[str] = ("fp16", "bf16"), batch_size: int = 16,
                        device: str | None = None, channels_last: bool = False, input_size: int | None = None,
-                       seed: int = 0, batchnorm_fp32: bool = True) -> list[AccuracyReport]:
+                       seed: int = 0, batchnorm_fp32: bool = True,
+                       reference_tf32: bool | None = None) -> list[AccuracyReport]:
     """The workshop's accuracy check: run ``network`` in fp32 and in each of ``precisions`` on the same
-    weights and the same random batch (eval mode), and report how far each output is from fp32's."""
+    weights and the same random batch (eval mode), and report how far each output is from fp32's.
+
+    ``reference_tf32``: run the fp32 reference with TF32 allowed (``True``) or not (``False``: the
+    true fp32 result, against which "fp32" itself can be compared); ``None`` keeps PyTorch's settings.
+    The candidates run with the settings in force (:func:`tf32_mode` changes them); an fp32
+    candidate on a GPU that allows TF32 convolutions is labelled as such."""
     spec = networks.get_spec(network)
     if spec.task == "detection":
         raise BenchmarkError("precisions are compared on tensors: detectors return a value-dependent number of boxes")
@@ -202,7 +262,8 @@ def compare_precisions(network: str, precisions: Sequence[str] = ("fp16", "bf16"
     size = input_size or spec.input_size
     model = networks.build(spec, seed).to(where).eval()
     cpu_inputs = networks.make_inputs(spec, batch_size, size, torch.Generator().manual_seed(seed + 1))
-    with torch.inference_mode():
+    settings = contextlib.nullcontext() if reference_tf32 is None else tf32_mode(reference_tf32)
+    with torch.inference_mode(), settings:
         reference = networks.primary_output(spec, model(networks.to_device(cpu_inputs, where))).float()
     reports = []
     for name in precisions:
@@ -214,6 +275,8 @@ def compare_precisions(network: str, precisions: Sequence[str] = ("fp16", "bf16"
         with torch.inference_mode(), chosen.autocast(where):
             output = networks.primary_output(spec, candidate(inputs))
         label = name + (" channels-last" if channels_last else "")
+        if name == "fp32" and any(tf32_enabled(where).values()):
+            label += f" ({ran_as(name, {**tf32_enabled(where), 'backend': dev.backend()})})"
         reports.append(compare(reference, output, name, spec.task == "classification", chosen.compute_dtype, label))
         del candidate, output
     return reports

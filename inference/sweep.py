@@ -13,6 +13,8 @@ from tqdm.auto import tqdm
 
 from inference.benchmark import BenchmarkResult, OutOfMemoryError, run_benchmark
 from inference.config import BenchmarkConfig, ConfigError
+from inference.distributed import resolve_device
+from inference.memory import memory_budget
 from tinyllama.anatomy import BatchSearch, largest_batch
 
 Runner = Callable[[BenchmarkConfig], BenchmarkResult]
@@ -86,41 +88,80 @@ def sweep_batch_sizes(config: BenchmarkConfig, batch_sizes: Iterable[int], runne
 @dataclass
 class MaxBatchResult(BatchSearch):
     """:class:`tinyllama.anatomy.BatchSearch` of a network, with the full benchmark at the largest
-    batch that fits (``result``; ``None`` when even that run ran out of memory)."""
+    batch that fits (``result``; ``None`` when even that run ran out of memory), and the memory budget
+    the search ran under (``memory_budget_bytes``; ``None``: the whole device)."""
 
     result: BenchmarkResult | None = None
+    memory_budget_bytes: int | None = None
 
     @property
     def max_batch_size(self) -> int | None:
         """The largest batch that fits (``None``: not even the first probe)."""
         return self.largest
 
+    @property
+    def bounded_by(self) -> str:
+        """``"memory budget"``, ``"device memory"`` (a probe ran out of memory), or ``"batch limit"``
+        (none did up to ``limit``: the size found is a lower bound, not the largest that fits)."""
+        if self.first_failing is None:
+            return "batch limit"
+        return "memory budget" if self.memory_budget_bytes is not None else "device memory"
+
+    def describe(self) -> str:
+        """One line: the largest batch that fits, what bounded the search, and every probe."""
+        where = (f"a memory budget of {self.memory_budget_bytes / 2**30:.3g} GiB"
+                 if self.memory_budget_bytes is not None else "the whole device")
+        if self.bounded_by == "batch limit":
+            bound = (f"bounded by the batch limit {self.limit}: nothing ran out of memory, so the largest batch "
+                     "is not known (raise the limit or lower the budget)")
+        else:
+            bound = f"bounded by the {self.bounded_by}: batch {self.first_failing} ran out of memory"
+        return f"{super().describe()}; in {where}, {bound}"
+
 
 def find_max_batch_size(config: BenchmarkConfig, start: int | None = None, limit: int = 8192,
-                        runner: Runner = run_benchmark) -> MaxBatchResult:
+                        runner: Runner = run_benchmark, memory_budget_bytes: int | None = None,
+                        resolution: float = 0.0, benchmark_largest: bool = True) -> MaxBatchResult:
     """Double the batch from ``start`` (default: ``config.batch_size``) until it runs out of memory or
-    passes ``limit``, then bisect between the last size that fit and the first that did not
-    (:func:`tinyllama.anatomy.largest_batch`). Each probe is a short run (1 warm-up, 2 timed
-    iterations, no check); the largest size that fits is then benchmarked with ``config``'s own settings."""
+    passes ``limit``, then bisect between the last size that fit and the first that did not, until
+    they are within ``resolution`` (a fraction of the smaller; 0: exactly)
+    (:func:`tinyllama.anatomy.largest_batch`). Each probe is a short run (1 warm-up, 1 timed
+    iteration, no check); with ``benchmark_largest`` the largest size that fits is then benchmarked
+    with ``config``'s own settings (``result``).
+
+    With ``memory_budget_bytes`` every run (probes and the final one) may hold at most that much
+    (:func:`inference.memory.memory_budget`: the GPU's allocator capped, or live tensors counted on
+    the CPU), so the search finds the limit of a device of that size, not of the whole GPU."""
     size = start or config.batch_size
     if size < 1 or limit < size:
         raise ConfigError(f"the search needs 1 <= start <= limit (got start {size}, limit {limit})")
-    probe_config = config.replace(warmup=1, iterations=2, check=False, progress=False, kineto=False,
+    if memory_budget_bytes is not None and memory_budget_bytes <= 0:
+        raise ConfigError(f"the memory budget must be positive (got {memory_budget_bytes} bytes)")
+    probe_config = config.replace(warmup=1, iterations=1, check=False, progress=False, kineto=False,
                                   autograd_profiler=False, flops_prof_step=None)
+
+    def budgeted(run_config: BenchmarkConfig) -> BenchmarkResult:
+        if memory_budget_bytes is None:
+            return runner(run_config)
+        with memory_budget(resolve_device(run_config.device), memory_budget_bytes):
+            return runner(run_config)
+
     with tqdm(desc="max batch search", disable=not config.progress) as bar:
         def fits(batch: int) -> bool:
             bar.update()
+            bar.set_postfix(batch=batch)
             try:
-                runner(probe_config.replace(batch_size=batch))
+                budgeted(probe_config.replace(batch_size=batch))
             except OutOfMemoryError:
                 return False
             return True
 
-        search = largest_batch(fits, start=size, limit=limit, resolution=0.0)
-    found = MaxBatchResult(search.largest, search.first_failing, limit, search.probes)
-    if found.largest is not None:
+        search = largest_batch(fits, start=size, limit=limit, resolution=resolution)
+    found = MaxBatchResult(search.largest, search.first_failing, limit, search.probes,
+                           memory_budget_bytes=memory_budget_bytes)
+    if found.largest is not None and benchmark_largest:
         try:  # the full run keeps a reference copy for its check, so it can need a little more
-            found.result = runner(config.replace(batch_size=found.largest, progress=False))
+            found.result = budgeted(config.replace(batch_size=found.largest, progress=False))
         except OutOfMemoryError as error:
             found.probes.append((found.largest, f"full run: {str(error).split(':')[0]}"))
     return found

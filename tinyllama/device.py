@@ -120,6 +120,33 @@ def free_memory(device: torch.device | str | None = None) -> None:
         torch.cuda.empty_cache()
 
 
+@contextlib.contextmanager
+def cap_memory(device: torch.device | str, budget_bytes: int) -> Iterator[None]:
+    """Within the block, let PyTorch's caching allocator hold at most ``budget_bytes`` on the GPU
+    ``device`` (``torch.cuda.set_per_process_memory_fraction``, on CUDA and ROCm alike): a larger
+    allocation raises the same ``torch.OutOfMemoryError`` a full GPU raises. What the process already
+    holds counts against the budget (cached blocks are given back first). The previous cap is restored
+    afterwards. A GPU-only setting: on the CPU use :func:`inference.memory.memory_budget`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"cap_memory caps a GPU's caching allocator; {device} has none")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    if not 0 < budget_bytes <= total:
+        raise ValueError(f"the memory budget must be between 1 byte and the device's {total / 2**30:.1f} GiB "
+                         f"(got {budget_bytes / 2**30:.3g} GiB)")
+    # The getter exists from torch 2.6; before it, the cap is 1.0 unless someone set another.
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    before = float(getter(index)) if getter is not None else 1.0
+    free_memory(device)
+    torch.cuda.set_per_process_memory_fraction(budget_bytes / total, index)
+    try:
+        yield
+    finally:
+        free_memory(device)
+        torch.cuda.set_per_process_memory_fraction(before, index)
+
+
 def memory_in_use_by_others(device: torch.device | str | None = None) -> int | None:
     """Bytes in use on the GPU by anyone (other processes included), or ``None`` on the CPU.
 

@@ -105,6 +105,10 @@ class Profile:
     lab_workers: tuple[int, ...]
     lab_loss_tolerance: float
     lab_memory_batch: int
+    # 02_precision: the largest-batch search runs under a memory budget (a real limit on any device)
+    precision_budget_mib: int
+    precision_search_network: str
+    precision_search_image_size: int
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -177,6 +181,10 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 4),
         lab_loss_tolerance=0.03,
         lab_memory_batch=4,
+        # 02_precision: ResNet-50 at 224 px in 4 GiB: a few hundred samples in fp32
+        precision_budget_mib=4096,
+        precision_search_network="resnet50",
+        precision_search_image_size=224,
     ),
     "ci": Profile(
         name="ci",
@@ -243,6 +251,11 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 2),
         lab_loss_tolerance=0.05,
         lab_memory_batch=2,
+        # 02_precision: SqueezeNet at 32 px in 6 MiB (its fp32 weights take 4.8): tens of samples, since
+        # 16-bit convolutions are slow on most CPUs
+        precision_budget_mib=6,
+        precision_search_network="squeezenet1_0",
+        precision_search_image_size=32,
     ),
 }
 

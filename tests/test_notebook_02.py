@@ -1,0 +1,160 @@
+"""Notebook 02's exercise checks catch plausible wrong answers: each check cell of the solution notebook is
+run on the reference answer (it passes) and on an answer with one typical mistake (it fails, under
+WORKSHOP_STRICT=1). The measurements are replaced by fixed figures of the size an H200 and a CPU give."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from inference.precision import MANTISSA_BITS, AccuracyReport
+from notebook_exercises import SolutionExercises
+from tinyllama import course
+from tinyllama.course.checkpoints import CheckpointFailed
+from tinyllama.course.precision_checks import (check_batch_prediction, check_error_ratio, check_unit_roundoff,
+                                               measured_rounding_error)
+
+pytestmark = pytest.mark.usefixtures("strict")
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    return SolutionExercises("02_precision")
+
+
+def test_the_exercises_are_numbered():
+    assert SolutionExercises("02_precision").ids() == ["02.1", "02.2", "02.3"]
+
+
+# ------------------------------------------------------------------------------------ 02.1
+
+
+def _roundoff(notebook, replace=None):
+    return notebook.run("02.1", {"course": course, "check_unit_roundoff": check_unit_roundoff}, replace)
+
+
+def test_the_unit_roundoff_passes(notebook):
+    assert _roundoff(notebook)["roundoff_ok"]
+
+
+@pytest.mark.parametrize("mistake", [
+    "2.0 ** -mantissa_bits",  # machine epsilon: the spacing, not half of it
+    "2.0 ** -(mantissa_bits + 2)",  # below the errors measured
+    "10.0 ** -mantissa_bits",  # decimal digits
+    "2.0 ** -(mantissa_bits + 1 + (mantissa_bits > 20))",  # right for 16-bit formats, wrong for fp32
+])
+def test_wrong_unit_roundoffs_fail(notebook, mistake):
+    with pytest.raises(CheckpointFailed):
+        _roundoff(notebook, ("2.0 ** -(mantissa_bits + 1)", mistake))
+
+
+def test_the_measured_rounding_errors_approach_the_bound_from_below():
+    for fmt, bits in MANTISSA_BITS.items():
+        assert 0.98 * 2.0 ** -(bits + 1) <= measured_rounding_error(fmt) <= 2.0 ** -(bits + 1)
+    with pytest.raises(ValueError, match="unknown format"):
+        measured_rounding_error("fp8")
+
+
+# ------------------------------------------------------------------------------------ 02.2
+
+
+def _report(p, rel):
+    return AccuracyReport(precision=p, configuration=p, samples=64, max_abs_diff=rel * 112, max_rel_diff=rel,
+                          mean_abs_diff=rel * 14, reference_max_abs=112.0, top1_agreement=1.0, finite=True,
+                          tolerance={"fp32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}[p])
+
+
+def _error_ratio(notebook, replace=None, errors=(2.1e-4, 6.4e-4, 5.4e-3)):
+    """The H200's figures of 2026-11-22 (fp16 6.4e-4, bf16 5.4e-3 of the largest output) by default."""
+    reports = [_report(p, e) for p, e in zip(("fp32", "fp16", "bf16"), errors)]
+    namespace = {"course": course, "check_error_ratio": check_error_ratio, "MANTISSA_BITS": MANTISSA_BITS,
+                 "unit_roundoff": lambda bits: 2.0 ** -(bits + 1), "network": "resnet50", "device": "cuda",
+                 "profile": SimpleNamespace(inference_batch_size=64, image_size=224), "precisions": ("fp32", "fp16", "bf16"),
+                 "flags": {"tf32_conv": True, "tf32_matmul": False},
+                 "inference": SimpleNamespace(compare_precisions=lambda *args, **kwargs: reports)}
+    return notebook.run("02.2", namespace, replace)
+
+
+def test_the_error_ratio_passes(notebook):
+    assert _error_ratio(notebook)["ratio_ok"]
+    assert _error_ratio(notebook, errors=(0.0, 7.06e-4, 5.8e-3))["ratio_ok"]  # the CPU's figures
+
+
+@pytest.mark.parametrize("mistake", [
+    'unit_roundoff(MANTISSA_BITS["fp16"]) / unit_roundoff(MANTISSA_BITS["bf16"])',  # upside down
+    'MANTISSA_BITS["fp16"] / MANTISSA_BITS["bf16"]',  # the bits' ratio, not the roundoffs'
+    "1.0",  # same 16 bits, same error
+])
+def test_wrong_error_ratios_fail(notebook, mistake):
+    with pytest.raises(CheckpointFailed):
+        _error_ratio(notebook, ('unit_roundoff(MANTISSA_BITS["bf16"]) / unit_roundoff(MANTISSA_BITS["fp16"])', mistake))
+
+
+def test_a_network_failing_its_tolerance_fails_the_check(notebook):
+    with pytest.raises(CheckpointFailed, match="too far from true fp32"):
+        _error_ratio(notebook, errors=(2.1e-4, 2e-2, 0.16))
+
+
+# ------------------------------------------------------------------------------------ 02.3
+
+# (budget MiB, parameters, 16-bit format, fp32's largest batch, the 16-bit largest batch found)
+GPU = (4096, 25_557_032, "fp16", 340, 668)  # ResNet-50 at 224 px: the weights take 2% of the budget
+CPU = (6, 1_248_424, "bf16", 11, 68)  # SqueezeNet at 32 px: the weights take 79% of it
+
+
+def _search(largest, bounded_by="memory budget"):
+    return SimpleNamespace(max_batch_size=largest, first_failing=largest + 1, bounded_by=bounded_by, result=None,
+                           describe=lambda: f"largest batch that fits: {largest}")
+
+
+def _batch(notebook, scenario, replace=None, bounded_by="memory budget"):
+    budget_mib, params, half, fp32_largest, half_largest = scenario
+    bytes_per_value = {"fp32": 4, "fp16": 2, "bf16": 2}
+    namespace = {"course": course, "check_batch_prediction": check_batch_prediction, "half": half,
+                 "budget_bytes": budget_mib * MIB, "bytes_per_value": bytes_per_value,
+                 "weight_bytes": {p: params * b for p, b in bytes_per_value.items()},
+                 # Both searches already ran: the check cell does not search again.
+                 "found": {"fp32": _search(fp32_largest), half: _search(half_largest, bounded_by)},
+                 "search_config": SimpleNamespace(batch_size=2, input_size=32), "config": SimpleNamespace(input_size=32),
+                 "search_network": "squeezenet1_0", "network": "squeezenet1_0", "by_precision": {}}
+    return notebook.run("02.3", namespace, replace)
+
+
+@pytest.mark.parametrize("scenario", [GPU, CPU], ids=["gpu", "cpu"])
+def test_the_batch_prediction_passes(notebook, scenario):
+    assert _batch(notebook, scenario)["prediction_ok"]
+
+
+@pytest.mark.parametrize("scenario", [GPU, CPU], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("mistake", [
+    # The 16-bit activations taken as large as fp32's.
+    ('per_sample_fp32 * bytes_per_value[half] / bytes_per_value["fp32"]', "per_sample_fp32"),
+    # Four times, not twice, the samples per byte.
+    ('per_sample_fp32 * bytes_per_value[half] / bytes_per_value["fp32"]', "per_sample_fp32 / 4"),
+])
+def test_wrong_batch_predictions_fail(notebook, scenario, mistake):
+    with pytest.raises(CheckpointFailed):
+        _batch(notebook, scenario, mistake)
+
+
+def test_forgetting_the_weights_fails_where_they_take_most_of_the_budget(notebook):
+    with pytest.raises(CheckpointFailed, match="Split the budget"):
+        _batch(notebook, CPU, ('(budget_bytes - weight_bytes[half]) / per_sample_half',
+                               "budget_bytes / per_sample_half"))
+    with pytest.raises(CheckpointFailed):  # the weights' share taken off the fp32 side only
+        _batch(notebook, CPU, ('(budget_bytes - weight_bytes["fp32"]) / found["fp32"].max_batch_size',
+                               'budget_bytes / found["fp32"].max_batch_size'))
+
+
+def test_a_search_stopped_by_its_batch_limit_fails_the_check(notebook):
+    with pytest.raises(CheckpointFailed, match="batch limit"):
+        _batch(notebook, GPU, bounded_by="batch limit")
+
+
+def test_missing_predictions_fail_with_a_message_not_a_traceback():
+    with pytest.raises(CheckpointFailed, match="no prediction written"):
+        check_error_ratio(None, 6.4e-4, 5.4e-3)
+    with pytest.raises(CheckpointFailed, match="no prediction written"):
+        check_batch_prediction(None, 668, 340)
+    with pytest.raises(CheckpointFailed, match="found no batch"):
+        check_batch_prediction(656.0, None, None)
