@@ -36,9 +36,8 @@ DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAYOUT_CONVERSION = "layout conversion"
 # Kernels that only change a tensor's memory layout between NCHW and NHWC. cuDNN names them
 # ``cudnn::engines_precompiled::nchwToNhwcKernel`` / ``nhwcToNchwKernel`` (seen on an H200 with cuDNN 9,
-# 2026-11-22); MIOpen's are ``batched_transpose_*`` and ``transpose_NCHW2NHWC``-style names (from its
-# sources, not seen on a GPU here).
-_LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw|batched_transpose", re.IGNORECASE)
+# 2026-11-22); MIOpen's are ``batched_transpose_*`` (from its sources, not seen on a GPU here).
+_LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose", re.IGNORECASE)
 _DEVICE_TYPE = {"cpu": 0, "cuda": 1}
 # Operators that only allocate for the operator around them: memory is charged to that one.
 _ALLOCATING_HELPERS = re.compile(r"^aten::(empty|empty_strided|empty_like|new_empty|new_empty_strided|resize_)$")
