@@ -51,7 +51,7 @@ NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_IGNORE_OUTPUT
 EXERCISE_ID = re.compile(r"\d\d\.\d+")
 # Notebooks written before the leak check, whose hints still spell out their answers; issue 18 reworks
 # them. Remove a name here once its notebook is revised: the check then holds for it too.
-LEGACY_HINTS = frozenset({"03_pytorch_profiler"})
+LEGACY_HINTS = frozenset({})
 # The import guard at the top of a first code cell, whatever its message says (the generator rewrites it).
 GUARD = re.compile(r"\Atry:\n    from tinyllama import course\nexcept ImportError as error:\n"
                    r"(?:[ \t].*\n)*?[ \t].*\bfrom error[ \t]*(?:\n|\Z)")

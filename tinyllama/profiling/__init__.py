@@ -10,6 +10,8 @@
 - :mod:`~tinyllama.profiling.roofline`: measured roofs, operator and kernel points, the roofline plot;
 - :mod:`~tinyllama.profiling.vendor_roofline`: the vendor's roofline of a few kernels of a step (``ncu``,
   ``rocprof-compute``), or the command lines where the tool is missing.
+- :mod:`~tinyllama.profiling.timeline`: one profiled step from its trace: kernels with the operators that
+  launched them, allocations by operator, the layout-conversion kernels, and their plots (imported as a module);
 - :mod:`~tinyllama.profiling.compiled`: what ``torch.compile`` did: the calls of Inductor's generated code
   (kernels with the operators they fused, library calls kept), cold and warm first calls, operator fates
   and launches per step, the break-even point of a compile (imported as a module, ``profiling.compiled``).

@@ -289,3 +289,30 @@ def plot_snapshot_timeline(frame: pd.DataFrame, path: str | Path | None = None, 
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
+
+
+def output_sizes(model: torch.nn.Module, inputs: Any) -> pd.DataFrame:
+    """The output of every leaf module of ``model`` in one forward pass (inference mode): ``module``
+    (its qualified name), ``shape``, ``dtype``, ``mib`` (bytes of the tensor), in call order. These
+    are the activations a training step would keep for its backward; inference frees each one as soon
+    as the next layers have read it."""
+    rows: list[dict[str, Any]] = []
+    hooks = []
+
+    def record(name: str) -> Callable[..., None]:
+        def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            if torch.is_tensor(output):
+                rows.append({"module": name, "shape": tuple(output.shape), "dtype": str(output.dtype).replace("torch.", ""),
+                             "mib": output.numel() * output.element_size() / MIB})
+        return hook
+
+    for name, module in model.named_modules():
+        if not any(True for _ in module.children()):
+            hooks.append(module.register_forward_hook(record(name)))
+    try:
+        with torch.inference_mode():
+            model(inputs)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return pd.DataFrame(rows, columns=["module", "shape", "dtype", "mib"])

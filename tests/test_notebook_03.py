@@ -1,0 +1,161 @@
+"""Notebook 03's exercise checks catch plausible wrong answers: each solution cell runs with its check cell on
+tables shaped like the notebook's (a real CPU profile of a small convolutional network, and a kernel table
+with the kernel names cuDNN showed on an H200), passing with the reference answer and failing (under
+WORKSHOP_STRICT=1) with one typical mistake."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from notebook_exercises import SolutionExercises
+from tinyllama import course
+from tinyllama.course import profiler_checks
+from tinyllama.course.checkpoints import CheckpointFailed
+from tinyllama.profiling import memory, torch_profiler
+
+pytestmark = pytest.mark.usefixtures("strict")
+
+# Kernel names (shortened) and totals from the fp32 profile of notebook 03 on an H200 (2026-11-22).
+GPU_KERNELS = pd.DataFrame({
+    "kernel": ["void cudnn::bn_fw_inf_1C11_kernel_NCHW<float, float, bool=1, int=1>",
+               "void at::native::vectorized_elementwise_kernel<4, at::native::clamp_min>",
+               "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32",
+               "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, bool=0>",
+               "void cudnn::engines_precompiled::nhwcToNchwKernel<float, float, float, bool=1>",
+               "sm80_xmma_fprop_implicit_gemm_indexed_wo_smem_tf32f32"],
+    "calls": [2650, 2450, 400, 1950, 1200, 50],
+    "total_ns": [1.227e8, 5.719e7, 2.645e7, 2.445e7, 2.055e7, 1.842e7]})
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    return SolutionExercises("03_pytorch_profiler")
+
+
+@pytest.fixture(scope="module")
+def cpu_run():
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.BatchNorm2d(8), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 16, 16)
+
+    def step():
+        with torch.inference_mode():
+            return net(x)
+
+    return torch_profiler.profile_steps(step, device="cpu", wait=0, warmup=1, active=2)
+
+
+def _namespace(**extra):
+    return {"course": course, "profiler_checks": profiler_checks, "pd": pd, "math": math, **extra}
+
+
+def test_the_exercises_are_numbered():
+    assert set(SolutionExercises("03_pytorch_profiler").found) == {"03.1", "03.2", "03.3", "03.4", "03.5"}
+
+
+def _ops(cpu_run):
+    return _namespace(ops=cpu_run.operators(), self_column="self_cpu_ms", total_column="cpu_total_ms", run=cpu_run)
+
+
+def test_conv_share_reference_passes(notebook, cpu_run):
+    namespace = notebook.run("03.1", _ops(cpu_run))
+    assert 0 < namespace["conv_share_pct"] < 100
+
+
+@pytest.mark.parametrize("mistake", [
+    ('operator_rows.loc[is_conv, self_column]', 'operator_rows.loc[is_conv, total_column]'),  # nested totals summed
+    ('str.contains("conv")', 'str.contains("conv2d")'),  # only the outer operator, whose self time is tiny
+    ('100 * operator_rows', 'operator_rows'),  # a fraction, not percent
+])
+def test_conv_share_mistakes_fail(notebook, cpu_run, mistake):
+    with pytest.raises(CheckpointFailed):
+        notebook.run("03.1", _ops(cpu_run), mistake)
+
+
+# The fp32 and fp16 times per kind of work of the H200 run: memory only in fp16.
+BOTH = pd.DataFrame({"fp32_ms": [4.31, 2.485, 2.114, 0.204, 0.0], "fp16_ms": [2.832, 2.348, 1.054, 0.210, 0.115]},
+                    index=["GEMM (projections)", "norm & reduction", "element-wise", "other", "memory (copy, cat, index)"])
+
+
+def test_category_ratio_reference_passes_and_names_element_wise(notebook):
+    namespace = notebook.run("03.2", _namespace(both=BOTH.copy(), display=lambda *_: None))
+    assert namespace["shrank_most"] == "element-wise"
+    assert math.isnan(namespace["ratio"]["memory (copy, cat, index)"])
+
+
+@pytest.mark.parametrize("mistake", [
+    ('both["fp16_ms"].where(both["fp16_ms"] > 0) / both["fp32_ms"].where(both["fp32_ms"] > 0)',
+     'both["fp16_ms"] / both["fp32_ms"]'),  # the issue's inf
+    ("ratio.idxmin()", "ratio.idxmax()"),  # shrank least
+    ('both["fp16_ms"].where(both["fp16_ms"] > 0) / both["fp32_ms"].where(both["fp32_ms"] > 0)',
+     'both["fp32_ms"].where(both["fp32_ms"] > 0) / both["fp16_ms"].where(both["fp16_ms"] > 0)'),  # upside down
+    ("ratio.idxmin()", '(both["fp32_ms"] - both["fp16_ms"]).idxmax()'),  # most ms saved, not the smallest ratio
+])
+def test_category_ratio_mistakes_fail(notebook, mistake):
+    with pytest.raises(CheckpointFailed):
+        notebook.run("03.2", _namespace(both=BOTH.copy(), display=lambda *_: None), mistake)
+
+
+def test_conversion_share_reference_passes_on_gpu_names(notebook):
+    namespace = notebook.run("03.3", _namespace(kernels_fp16=GPU_KERNELS.copy(), on_gpu=True))
+    assert namespace["conversion_share"] == pytest.approx((2.445e7 + 2.055e7) / GPU_KERNELS["total_ns"].sum())
+
+
+def test_conversion_share_is_zero_on_a_cpu_table(notebook, cpu_run):
+    from tinyllama.profiling.timeline import kernel_table
+
+    namespace = notebook.run("03.3", _namespace(kernels_fp16=kernel_table(cpu_run), on_gpu=False))
+    assert namespace["conversion_share"] == 0
+
+
+@pytest.mark.parametrize("mistake", [
+    ('"nchwToNhwc|nhwcToNchw|batched_transpose"', '"nchwToNhwc"'),  # one direction only
+    ('kernels_fp16["total_ns"].sum()', 'kernels_fp16["total_ns"].sum() / 100'),  # percent
+    ('.sum() / kernels_fp16["total_ns"].sum()', '.sum() / kernels_fp16["total_ns"].max()'),  # over the top kernel
+])
+def test_conversion_share_mistakes_fail(notebook, mistake):
+    with pytest.raises(CheckpointFailed):
+        notebook.run("03.3", _namespace(kernels_fp16=GPU_KERNELS.copy(), on_gpu=True), mistake)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1])
+def test_amdahl_reference_passes(notebook, share):
+    namespace = notebook.run("03.4", _namespace(conversion_share=share))
+    assert namespace["predicted_cl_speedup"] == pytest.approx(1 / (1 - share))
+
+
+@pytest.mark.parametrize("wrong", ["1 + conversion_share", "1 - conversion_share", "1 / conversion_share"])
+def test_amdahl_mistakes_fail(notebook, wrong):
+    with pytest.raises((CheckpointFailed, ZeroDivisionError)):
+        notebook.run("03.4", _namespace(conversion_share=0.1), ("1 / (1 - conversion_share)", wrong))
+
+
+def _resnet_namespace():
+    from inference import networks
+
+    spec = networks.get_spec("resnet18")
+    model_cl = networks.build(spec, seed=0).eval().half().to(memory_format=torch.channels_last)
+    inputs_cl = torch.randn(2, 3, 32, 32).half().contiguous(memory_format=torch.channels_last)
+    return _namespace(batch_size=2, image_size=32, model_cl=model_cl, inputs_cl=inputs_cl, memory=memory)
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return _resnet_namespace()
+
+
+def test_first_conv_reference_passes(notebook, resnet):
+    notebook.run("03.5", dict(resnet))
+
+
+@pytest.mark.parametrize("mistake", [
+    ("** 2 * 2 /", "** 2 * 4 /"),  # fp32 bytes
+    ("(image_size // 2)", "image_size"),  # the stride forgotten
+    ("/ 2**20", "/ 1e6"),  # MB, not MiB
+])
+def test_first_conv_mistakes_fail(notebook, resnet, mistake):
+    with pytest.raises(CheckpointFailed):
+        notebook.run("03.5", dict(resnet), mistake)

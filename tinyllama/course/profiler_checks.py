@@ -1,0 +1,123 @@
+"""Checks of notebook 03's exercises (the PyTorch profiler on the inference benchmark), with feedback
+that names the likely mistake:
+
+- :func:`check_conv_share`: the convolutions' share of the step from the operator table (self time,
+  operator rows only);
+- :func:`check_category_ratios`: fp16 over fp32 time per kind of work, absent kinds NaN (never inf),
+  and the kind that shrank most;
+- :func:`check_conversion_share`: the layout-conversion kernels' share of a kernel table;
+- :func:`check_amdahl`: the speed-up that removing a fraction of the time gives;
+- :func:`check_activation_mib`: the size of the first convolution's output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from tinyllama.course.checkpoints import check_close, check_equal, checkpoint
+from tinyllama.profiling.timeline import layout_conversion_share
+
+
+def conv_share_reference(ops: pd.DataFrame, self_column: str) -> float:
+    """The convolutions' share (%) of the operators' self time in ``ops`` (a ``ProfileRun.operators()`` table)."""
+    operators = ops[ops["kind"] == "operator"]
+    total = float(operators[self_column].sum())
+    return 100.0 * float(operators.loc[operators["name"].str.contains("conv"), self_column].sum()) / total if total else 0.0
+
+
+def check_conv_share(conv_share_pct: float, ops: pd.DataFrame, self_column: str, total_column: str) -> bool:
+    """``conv_share_pct`` is the convolutions' share of the step's self time (within 1%)."""
+    expected = conv_share_reference(ops, self_column)
+    operators = ops[ops["kind"] == "operator"]
+    conv = operators["name"].str.contains("conv")
+    with_totals = 100.0 * float(operators.loc[conv, total_column].sum()) / max(float(operators[self_column].sum()), 1e-12)
+    if conv_share_pct is None or not math.isfinite(float(conv_share_pct)):
+        return checkpoint(False, "", "conv_share_pct is not a number yet: compute it from the table `ops`")
+    summed_totals = math.isclose(conv_share_pct, with_totals, rel_tol=1e-3) and not math.isclose(with_totals, expected, rel_tol=0.01)
+    if conv_share_pct > 100.0 or summed_totals:
+        return checkpoint(False, "", f"conv_share_pct = {conv_share_pct:.1f}%, expected {expected:.1f}%: a total time "
+                          f"counts a convolution once in each of the {int(conv.sum())} nested conv operators "
+                          "(conv2d calls convolution calls _convolution calls the library's kernel): sum the self time")
+    return check_close("the convolutions' share of the step (%)", float(conv_share_pct), expected, rel_tol=0.01,
+                       hint="divide the convolution rows' self time by the self time of every operator row "
+                            "(kind == 'operator': ranges such as ProfilerStep* span the whole step); a share near 0 "
+                            "means only one of the nested conv operators was counted, and its self time is tiny")
+
+
+def category_ratio_reference(both: pd.DataFrame) -> pd.Series:
+    """fp16 / fp32 time per kind of work of ``both`` (columns ``fp32_ms``, ``fp16_ms``); NaN where either is 0."""
+    return both["fp16_ms"].where(both["fp16_ms"] > 0) / both["fp32_ms"].where(both["fp32_ms"] > 0)
+
+
+def check_category_ratios(ratio: pd.Series, shrank_most: str, both: pd.DataFrame) -> bool:
+    """``ratio`` is fp16 / fp32 per kind of work with NaN for a kind absent from either run (no inf, no 0),
+    and ``shrank_most`` the kind with the smallest ratio."""
+    if ratio is None or shrank_most is None:
+        return checkpoint(False, "", "ratio or shrank_most is still None: compute both")
+    expected = category_ratio_reference(both)
+    ratio = pd.Series(ratio, dtype="float64").reindex(expected.index)
+    if np.isinf(ratio).any():
+        bad = ", ".join(ratio.index[np.isinf(ratio)])
+        return checkpoint(False, "", f"the ratio is inf for {bad}: that kind of work is absent from fp32 (0 ms) and "
+                          "was divided by zero. An absent kind has no ratio: make it NaN before dividing")
+    zero = (ratio == 0) & expected.isna()
+    if zero.any():
+        return checkpoint(False, "", f"the ratio is 0 for {', '.join(ratio.index[zero])}, absent from fp16: "
+                          "absent is not 'infinitely faster', make it NaN")
+    same = np.allclose(ratio.to_numpy(), expected.to_numpy(), rtol=1e-6, equal_nan=True)
+    if not same:
+        flipped = np.allclose(ratio.to_numpy(), 1.0 / expected.to_numpy(), rtol=1e-6, equal_nan=True)
+        return checkpoint(False, "", "the ratio differs from fp16_ms / fp32_ms" +
+                          (": it is upside down (fp32 over fp16)" if flipped else "") +
+                          " (below 1: fp16 took less time)")
+    checkpoint(True, "fp16 / fp32 per kind of work: absent kinds are NaN, no inf", "")
+    return check_equal("the kind of work that shrank most", shrank_most, expected.idxmin(),
+                       hint="shrank most = the smallest fp16 / fp32 ratio (not the largest, not the most ms saved)")
+
+
+def check_conversion_share(conversion_share: float, kernels: pd.DataFrame) -> bool:
+    """``conversion_share`` is the fraction of ``kernels``' time in NCHW <-> NHWC conversion kernels."""
+    expected = layout_conversion_share(kernels)
+    if conversion_share is None:
+        return checkpoint(False, "", "conversion_share is still None: compute it from the kernel table")
+    share = float(conversion_share)
+    if math.isnan(expected):
+        return checkpoint(math.isnan(share) or share == 0.0, "the table holds no time, so there is no share",
+                          "the table holds no time: the share should be NaN or 0")
+    if math.isclose(share, 100.0 * expected, rel_tol=1e-3) and expected > 0:
+        return checkpoint(False, "", f"conversion_share = {share:.3g}: a fraction is wanted (0..1), not percent")
+    return check_close("the layout conversions' share of the device time", share, expected, rel_tol=0.01, abs_tol=1e-9,
+                       hint="count both directions, NCHW to NHWC and back (cuDNN: nchwToNhwcKernel and "
+                            "nhwcToNchwKernel; MIOpen on AMD: batched_transpose kernels), over the whole table's time")
+
+
+def check_amdahl(predicted_speedup: float, removed_share: float) -> bool:
+    """``predicted_speedup`` is 1 / (1 - removed_share): the step without that fraction of its time."""
+    if predicted_speedup is None:
+        return checkpoint(False, "", "predicted_cl_speedup is still None: write the formula")
+    expected = 1.0 / (1.0 - removed_share)
+    hint = "the new time is (1 - share) of the old one, and a speed-up is old time over new time"
+    if removed_share > 0 and math.isclose(predicted_speedup, 1.0 + removed_share, rel_tol=1e-9):
+        hint = "1 + share is only the first term of 1 / (1 - share): " + hint
+    return check_close("the predicted speed-up without the conversions", float(predicted_speedup), expected,
+                       rel_tol=1e-3, hint=hint)
+
+
+def check_activation_mib(first_conv_mib: float, sizes: pd.DataFrame) -> bool:
+    """``first_conv_mib`` is the size of the first convolution's output, as the forward pass made it
+    (``sizes``: :func:`tinyllama.profiling.memory.output_sizes`)."""
+    if first_conv_mib is None:
+        return checkpoint(False, "", "first_conv_mib is still None: count the bytes of the output")
+    first = sizes.iloc[0]
+    expected = float(first["mib"])
+    ratio = float(first_conv_mib) / expected if expected else math.inf
+    why = {2.0: "twice too large: fp16 stores 2 bytes an element, not 4", 0.5: "half the size: an fp16 element is 2 bytes",
+           4.0: "4x too large: the stride 2 halves both the height and the width",
+           2**20: "in bytes: divide by 2**20 for MiB"}
+    hint = next((text for factor, text in why.items() if math.isclose(ratio, factor, rel_tol=1e-3)),
+                f"the output is {tuple(first['shape'])} in {first['dtype']}")
+    return check_close(f"the first convolution's output ({first['module']}) in MiB", float(first_conv_mib), expected,
+                       rel_tol=1e-3, hint=hint)
