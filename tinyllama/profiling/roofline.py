@@ -212,18 +212,20 @@ def _describe(above: pd.DataFrame) -> str:
                                                  above["attainable_tflops"]))
 
 
-def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: str = "") -> pd.DataFrame:
+def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: str = "",
+                    by_shape: bool = False) -> pd.DataFrame:
     """The roofline points of one profiled step: :func:`tinyllama.profiling.attribution.attribute` (each
-    operator's work and time, fused kernels as points of their own) placed against ``roofs`` by
+    operator's work and time, fused kernels as points of their own; with ``by_shape`` one point per operator
+    and call signature, so that the layers of a network come apart) placed against ``roofs`` by
     :func:`classify`, labelled, the most time-consuming first."""
-    points = classify(attribute(work, run), roofs)
+    points = classify(attribute(work, run, by_shape=by_shape), roofs)
     points.insert(0, "label", label)
     return points.sort_values("time_ms", ascending=False, ignore_index=True)
 
 
 def roofline_points(
     step_fn: Callable[[], Any], roofs: Roofs, *, label: str = "", device: torch.device | str | None = None,
-    warmup: int = 1, active: int = 3, count_fn: Callable[[], Any] | None = None,
+    warmup: int = 1, active: int = 3, count_fn: Callable[[], Any] | None = None, by_shape: bool = False,
 ) -> pd.DataFrame:
     """The roofline points of the operators of ``step_fn()``: one counting pass (FLOPs and bytes),
     then ``warmup`` + ``active`` profiled calls with their shapes (time); see :func:`operator_points`.
@@ -233,13 +235,15 @@ def roofline_points(
     attention, the uncompiled parts) is counted on the eager graph, per call signature, and its fused
     kernels are points of their own. Set ``torch._inductor.config.benchmark_kernel = True`` before
     compiling to have Inductor record each kernel's bytes (and a template's FLOPs) with its launch.
+
+    ``by_shape``: one point per operator and shapes (a network's layers), see :func:`operator_points`.
     """
     device = dev.get_device(None if device is None else str(device))
     step_fn()  # warm: compilation, autotuning and lazy state must not be counted or timed
     dev.synchronize(device)
     work = count_operator_work(count_fn or step_fn)
     run = profile_steps(step_fn, device=device, wait=0, warmup=warmup, active=active, record_shapes=True)
-    return operator_points(work, run, roofs, label)
+    return operator_points(work, run, roofs, label, by_shape=by_shape)
 
 
 def kernel_points(kernels: pd.DataFrame, roofs: Roofs, label: str = "", precision: str = "bf16") -> pd.DataFrame:
@@ -297,7 +301,7 @@ _STYLES = [("tab:red", "o"), ("tab:blue", "s"), ("tab:green", "^"), ("tab:purple
 def plot_roofline(
     points: pd.DataFrame | Mapping[str, pd.DataFrame], roofs: Roofs, path: str | Path | None = None, *,
     top: int = 6, title: str = "", arrows: bool = True, tolerance: float = ROOF_TOLERANCE, strict: bool = False,
-    ax: Any = None,
+    ax: Any = None, label_width: int = 30,
 ) -> Any:
     """A log-log roofline: measured roofs (solid) and datasheet peaks (dashed), each version's operators
     as points sized by their share of the step time, the ``top`` operators of each labelled, and arrows
@@ -310,7 +314,8 @@ def plot_roofline(
     how many were left out. ``strict`` raises :class:`AboveRoofError` instead.
 
     ``ax`` draws into those axes (a panel of a larger figure) instead of a new figure. Labels are moved
-    apart until none overlaps another or the legend (:func:`overlapping_labels` lists any left)."""
+    apart until none overlaps another or the legend (:func:`overlapping_labels` lists any left); a label
+    longer than ``label_width`` characters is cut."""
     import matplotlib
 
     if path is not None:
@@ -368,7 +373,7 @@ def plot_roofline(
                    label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable{dropped})")
         for _, row in frame.nlargest(top, "time_ms").iterrows():
             name = row["operator"].replace("aten::", "")
-            short = name if len(name) <= 30 else name[:27] + "..."
+            short = name if len(name) <= label_width else name[: label_width - 3] + "..."
             movable.append(ax.annotate(short, (row["intensity"], row["tflops"]), fontsize=8, color=color,
                                        textcoords="offset points", xytext=(6, 4)))
     if arrows and len(placeable) > 1:
