@@ -122,6 +122,11 @@ def check_conv_flops(conv2d_flops: Callable[[nn.Conv2d, tuple[int, ...]], float]
                                 f"network and {len(ODD_CONVS)} odd ones (grouped, strided, dilated, not square)", "")
     name, conv, shape, yours, expected = wrong[0]
     hint = slip_hint(yours, expected, _conv_slips(conv, shape)) if expected else ""
+    wrong_names = {w[0] for w in wrong}
+    single = [name for name, (_, shape) in cases.items() if shape[0] == 1]
+    if shape[0] > 1 and single and not wrong_names & set(single) and math.isclose(yours * shape[0], expected, rel_tol=1e-6):
+        # right on a batch of one image, 1/N of the count on a batch of N: the batch is missing
+        hint = f"1/{shape[0]} of PyTorch's count, and right on a batch of one image: every image of the batch is convolved."
     return checkpoint(False, "", f"conv2d_flops differs from PyTorch's counter on {len(wrong)} of {len(cases)} "
                                  f"convolutions; first {name}: {conv} on input {tuple(shape)}: yours {yours:.6g}, "
                                  f"PyTorch's {expected:.6g} FLOPs ({yours / expected:.4g}x). {hint}".rstrip())
