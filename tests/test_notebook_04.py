@@ -240,3 +240,22 @@ def test_points_by_shape_split_an_operator_and_add_up_to_it():
     assert (bn["flops"] > 0).all() and list(split.columns)[-1] == "shapes"
     assert attribution.shape_label("aten::relu_", ((2, 8, 8, 8),)) == "aten::relu_ 2x8x8x8"
     assert attribution.shape_label("aten::mean", None) == "aten::mean (shapes not recorded)"
+
+
+def test_point_labels_stay_inside_the_axes():
+    # Long labels (operator and shapes) on points at the right edge: drawn to their left, or not at all.
+    rows = [{"operator": f"aten::convolution 64x{256 + i}x56x56 · 64x{256 + i}x1x1", "category": "GEMM (projections)",
+             "flops": 1e12 * (1 + i), "bytes": 1e9 * (1 + 0.1 * i), "time_ms": 10.0 + i, "precision": "tf32",
+             "flop_source": "flop_counter"} for i in range(5)]
+    points = roofline.classify(pd.DataFrame(rows), ROOFS).assign(label="net")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    roofline.plot_roofline({"net": points}, ROOFS, ax=ax, top=5, label_width=42)
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    shown = [t for t in ax.texts if t.get_visible() and t.get_text().startswith("convolution")]
+    assert shown, "no point label was placed"
+    for text in shown:
+        box = text.get_window_extent(renderer)
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, text.get_text()
+    assert roofline.overlapping_labels(fig) == []
+    plt.close(fig)

@@ -416,9 +416,9 @@ _LABEL_OFFSETS = [(6, 4), (6, -11), (-6, 4), (-6, -11), (6, 15), (6, -22), (-6, 
 
 def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any, ax: Any = None,
                      markers: Sequence[tuple[Any, Any, Any]] = ()) -> None:
-    """Place each point label at the first offset of :data:`_LABEL_OFFSETS` where it overlaps no label
-    placed before it, no roof label, no large marker other than its own point's, and not the legend; a
-    label with no free place is left out (its point stays, and the tables name it)."""
+    """Place each point label at the first offset of :data:`_LABEL_OFFSETS` where it stays inside the axes
+    and overlaps no label placed before it, no roof label, no large marker other than its own point's, and
+    not the legend; a label with no free place is left out (its point stays, and the tables name it)."""
     from matplotlib.transforms import Bbox
 
     renderer = _renderer(fig)
@@ -433,6 +433,11 @@ def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any
                 r = 0.5 * (float(area) ** 0.5) * fig.dpi / 72.0
                 if area > 60:  # small markers hide nothing a label needs
                     blobs.append(((x, y), Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)))
+    frame = ax.get_window_extent(renderer) if ax is not None else None  # a label must not leave the axes
+
+    def inside(box: Any) -> bool:
+        return frame is None or (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1)
+
     for label in movable:
         own = tuple(label.xy)
         obstacles = taken + [box for centre, box in blobs if not _same_point(centre, own)]
@@ -440,7 +445,7 @@ def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any
             label.set_position((dx, dy))  # the offset, in points, of an annotation's text
             label.set_horizontalalignment("left" if dx > 0 else "right")
             box = label.get_window_extent(renderer).expanded(1.02, 1.1)
-            if not any(box.overlaps(other) for other in obstacles):
+            if inside(box) and not any(box.overlaps(other) for other in obstacles):
                 taken.append(box)
                 break
         else:
