@@ -30,8 +30,26 @@ from tinyllama.profiling.torch_profiler import PHASES, ProfileRun, categorize, i
 
 
 # FLOPs per element for operators that are neither tagged pointwise nor counted by flop_counter.
+# A batch norm in eval mode is a scale and a shift per element (its statistics are fixed); a training-mode
+# batch norm also computes them, which this estimate leaves out (as DeepSpeed's FLOPS profiler does).
 _PER_ELEMENT = {"aten::_softmax": 5, "aten::_log_softmax": 5, "aten::_softmax_backward_data": 3,
-                "aten::_log_softmax_backward_data": 3}
+                "aten::_log_softmax_backward_data": 3, "aten::native_batch_norm": 2, "aten::cudnn_batch_norm": 2,
+                "aten::miopen_batch_norm": 2, "aten::_native_batch_norm_legit_no_training": 2,
+                "aten::_native_batch_norm_legit": 2,
+                "aten::_batch_norm_no_update": 2}
+
+# Convolutions: cuDNN's TF32 switch (on by default), not the matmul one (off by default).
+_CONVOLUTIONS = ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::conv2d")
+
+
+def allows_tf32(operator: str) -> bool:
+    """Whether PyTorch lets ``operator`` run an fp32 CUDA computation in TF32: convolutions follow
+    ``torch.backends.cudnn.allow_tf32`` (on by default), matrix products
+    ``torch.backends.cuda.matmul.allow_tf32`` (off by default). Not on ROCm, where MIOpen's convolutions
+    stay fp32."""
+    if operator in _CONVOLUTIONS:
+        return bool(torch.backends.cudnn.allow_tf32) and torch.version.hip is None
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 # AdamW per parameter: two moment updates, bias corrections, sqrt, eps, divide, decay, update.
@@ -133,7 +151,7 @@ class _WorkRecorder(TorchDispatchMode):
         record["bytes"] += nbytes
         record["estimated_flops"] += flops
         record["dtypes"].update(floating[:1])
-        record["tf32"] |= bool(torch.backends.cuda.matmul.allow_tf32) and any(t.is_cuda for t in inputs)
+        record["tf32"] |= allows_tf32(name) and any(t.is_cuda for t in inputs)
         return out
 
 
@@ -144,7 +162,7 @@ def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
     """Run ``fn()`` once and return, per ATen operator: ``operator``, ``category``, ``calls``,
     ``flops`` (counted by ``FlopCounterMode`` where it has a formula, else estimated), ``flop_source``,
     ``bytes`` (inputs read once + outputs written once) and ``precision`` (of its floating inputs;
-    ``tf32`` for fp32 matmuls on a GPU with TF32 allowed).
+    ``tf32`` for fp32 matmuls and convolutions on a GPU with TF32 allowed: :func:`allows_tf32`).
 
     ``frame.attrs["per_call"]`` holds the same work per call signature: ``{(operator, signature): (calls,
     flops, bytes)}``, the signature being the shapes of the tensor arguments: :func:`operator_points` uses it
@@ -255,7 +273,16 @@ def _attr_us(event: Any) -> float:
     return float(value) if value is not None else 0.0
 
 
-def attribute(work: pd.DataFrame, run: ProfileRun) -> pd.DataFrame:
+def shape_label(operator: str, signature: tuple | None) -> str:
+    """``aten::convolution`` called on (64, 256, 56, 56) and (64, 256, 1, 1) ->
+    ``aten::convolution 64x256x56x56 · 64x256x1x1``: the operator and its first two tensor arguments' shapes
+    (for a layer: its input and its weight)."""
+    if not signature:
+        return f"{operator} (shapes not recorded)"
+    return f"{operator} " + " · ".join("x".join(map(str, shape)) for shape in signature[:2])
+
+
+def attribute(work: pd.DataFrame, run: ProfileRun, by_shape: bool = False) -> pd.DataFrame:
     """Join :func:`count_operator_work` (one step) with the profiler's time (per step). Work and time
     describe the same calls:
 
@@ -273,6 +300,11 @@ def attribute(work: pd.DataFrame, run: ProfileRun) -> pd.DataFrame:
 
     Time on kernels no counted operator launched is kept in rows without work: one per category of
     kernels launched outside ATen operators, and :data:`UNATTRIBUTED` for the rest.
+
+    ``by_shape`` gives each operator one row per call signature (the shapes of its tensor arguments, as
+    the profiler recorded them): the layers of a network that share an operator (every convolution is
+    ``aten::convolution``) come apart by their shapes. The ``operator`` column then names the shapes too
+    (:func:`shape_label`) and ``shapes`` holds them.
     """
     steps = max(run.steps, 1)
     counted = set(work["operator"])
@@ -286,7 +318,10 @@ def attribute(work: pd.DataFrame, run: ProfileRun) -> pd.DataFrame:
     for event in events:
         if _is_operator(event) and event.name in counted and _owner(event, counted) is event:
             calls[(event.name, _event_signature(event))] += 1
-    time: Counter = Counter()  # operator -> microseconds
+    def key(owner: Any) -> Any:  # what a slice of time is booked to: the operator, or the operator and its shapes
+        return (owner.name, _event_signature(owner)) if by_shape else owner.name
+
+    time: Counter = Counter()  # key(operator) -> microseconds
     fused: dict[str, dict[str, Any]] = {}
     outside: Counter = Counter()
     if run.on_device:
@@ -310,7 +345,7 @@ def attribute(work: pd.DataFrame, run: ProfileRun) -> pd.DataFrame:
                     continue
                 owner = _owner(event, counted)
                 if owner is not None:
-                    time[owner.name] += kernel.duration
+                    time[key(owner)] += kernel.duration
                 elif not _is_operator(event):
                     outside[categorize(kernel.name)] += kernel.duration
                 # a kernel of an operator the counting did not see: its time stays unattributed
@@ -320,27 +355,34 @@ def attribute(work: pd.DataFrame, run: ProfileRun) -> pd.DataFrame:
             if _is_operator(event):
                 owner = _owner(event, counted)
                 if owner is not None:
-                    time[owner.name] += _attr_us(event)
+                    time[key(owner)] += _attr_us(event)
         ops = run.operators()
         measured = float(ops.loc[ops["kind"] == "operator", "self_cpu_ms"].sum()) * 1e3
 
     rows = []
     for r in work.itertuples(index=False):
         timed = {sig: n for (name, sig), n in calls.items() if name == r.operator}
-        if not timed and not time.get(r.operator):
-            continue  # never ran as an operator in the timed steps (fused into compiled code)
-        flops = nbytes = 0.0
-        approximated = False
-        for sig, n in timed.items():
-            per = exact.get((r.operator, sig)) if sig is not None else None
-            if per is None:
-                per, approximated = average[r.operator], True
-            flops += per[0] * n / steps
-            nbytes += per[1] * n / steps
-        source = r.flop_source + ("; average per call" if approximated and exact else "")
-        rows.append({"operator": r.operator, "kind": "operator", "category": r.category,
-                     "calls": sum(timed.values()) / steps, "flops": flops, "flop_source": source, "bytes": nbytes,
-                     "precision": r.precision, "time_ms": time.get(r.operator, 0.0) / 1e3 / steps})
+        if by_shape:  # one row per signature, its calls and its time
+            groups = {sig: ({sig: n}, time.get((r.operator, sig), 0.0)) for sig, n in timed.items()}
+            groups |= {k[1]: ({}, us) for k, us in time.items() if k[0] == r.operator and k[1] not in timed}
+        else:
+            groups = {None: (timed, time.get(r.operator, 0.0))}
+        for signature, (group, us) in groups.items():
+            if not group and not us:
+                continue  # never ran as an operator in the timed steps (fused into compiled code)
+            flops = nbytes = 0.0
+            approximated = False
+            for sig, n in group.items():
+                per = exact.get((r.operator, sig)) if sig is not None else None
+                if per is None:
+                    per, approximated = average[r.operator], True
+                flops += per[0] * n / steps
+                nbytes += per[1] * n / steps
+            source = r.flop_source + ("; average per call" if approximated and exact else "")
+            row = {"operator": shape_label(r.operator, signature) if by_shape else r.operator, "kind": "operator",
+                   "category": r.category, "calls": sum(group.values()) / steps, "flops": flops, "flop_source": source,
+                   "bytes": nbytes, "precision": r.precision, "time_ms": us / 1e3 / steps}
+            rows.append(row | ({"shapes": signature} if by_shape else {}))
     for name, f in fused.items():
         known = f["unknown"] == 0
         rows.append({"operator": name, "kind": "fused kernel", "category": categorize(name),
@@ -353,7 +395,7 @@ def attribute(work: pd.DataFrame, run: ProfileRun) -> pd.DataFrame:
                      "calls": 0, "flops": 0, "flop_source": "none", "bytes": 0, "precision": "none",
                      "time_ms": us / 1e3 / steps})
     points = pd.DataFrame(rows, columns=["operator", "kind", "category", "calls", "flops", "flop_source", "bytes",
-                                         "precision", "time_ms"])
+                                         "precision", "time_ms"] + (["shapes"] if by_shape else []))
     rest = measured / 1e3 - points["time_ms"].sum()
     if rest > 1e-6 * max(measured / 1e3, 1e-9):
         points = pd.concat([points, pd.DataFrame([{

@@ -212,18 +212,20 @@ def _describe(above: pd.DataFrame) -> str:
                                                  above["attainable_tflops"]))
 
 
-def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: str = "") -> pd.DataFrame:
+def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: str = "",
+                    by_shape: bool = False) -> pd.DataFrame:
     """The roofline points of one profiled step: :func:`tinyllama.profiling.attribution.attribute` (each
-    operator's work and time, fused kernels as points of their own) placed against ``roofs`` by
+    operator's work and time, fused kernels as points of their own; with ``by_shape`` one point per operator
+    and call signature, so that the layers of a network come apart) placed against ``roofs`` by
     :func:`classify`, labelled, the most time-consuming first."""
-    points = classify(attribute(work, run), roofs)
+    points = classify(attribute(work, run, by_shape=by_shape), roofs)
     points.insert(0, "label", label)
     return points.sort_values("time_ms", ascending=False, ignore_index=True)
 
 
 def roofline_points(
     step_fn: Callable[[], Any], roofs: Roofs, *, label: str = "", device: torch.device | str | None = None,
-    warmup: int = 1, active: int = 3, count_fn: Callable[[], Any] | None = None,
+    warmup: int = 1, active: int = 3, count_fn: Callable[[], Any] | None = None, by_shape: bool = False,
 ) -> pd.DataFrame:
     """The roofline points of the operators of ``step_fn()``: one counting pass (FLOPs and bytes),
     then ``warmup`` + ``active`` profiled calls with their shapes (time); see :func:`operator_points`.
@@ -233,13 +235,15 @@ def roofline_points(
     attention, the uncompiled parts) is counted on the eager graph, per call signature, and its fused
     kernels are points of their own. Set ``torch._inductor.config.benchmark_kernel = True`` before
     compiling to have Inductor record each kernel's bytes (and a template's FLOPs) with its launch.
+
+    ``by_shape``: one point per operator and shapes (a network's layers), see :func:`operator_points`.
     """
     device = dev.get_device(None if device is None else str(device))
     step_fn()  # warm: compilation, autotuning and lazy state must not be counted or timed
     dev.synchronize(device)
     work = count_operator_work(count_fn or step_fn)
     run = profile_steps(step_fn, device=device, wait=0, warmup=warmup, active=active, record_shapes=True)
-    return operator_points(work, run, roofs, label)
+    return operator_points(work, run, roofs, label, by_shape=by_shape)
 
 
 def kernel_points(kernels: pd.DataFrame, roofs: Roofs, label: str = "", precision: str = "bf16") -> pd.DataFrame:
@@ -297,7 +301,7 @@ _STYLES = [("tab:red", "o"), ("tab:blue", "s"), ("tab:green", "^"), ("tab:purple
 def plot_roofline(
     points: pd.DataFrame | Mapping[str, pd.DataFrame], roofs: Roofs, path: str | Path | None = None, *,
     top: int = 6, title: str = "", arrows: bool = True, tolerance: float = ROOF_TOLERANCE, strict: bool = False,
-    ax: Any = None,
+    ax: Any = None, label_width: int = 30,
 ) -> Any:
     """A log-log roofline: measured roofs (solid) and datasheet peaks (dashed), each version's operators
     as points sized by their share of the step time, the ``top`` operators of each labelled, and arrows
@@ -310,7 +314,8 @@ def plot_roofline(
     how many were left out. ``strict`` raises :class:`AboveRoofError` instead.
 
     ``ax`` draws into those axes (a panel of a larger figure) instead of a new figure. Labels are moved
-    apart until none overlaps another or the legend (:func:`overlapping_labels` lists any left)."""
+    apart until none overlaps another or the legend (:func:`overlapping_labels` lists any left); a label
+    longer than ``label_width`` characters is cut."""
     import matplotlib
 
     if path is not None:
@@ -368,7 +373,7 @@ def plot_roofline(
                    label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable{dropped})")
         for _, row in frame.nlargest(top, "time_ms").iterrows():
             name = row["operator"].replace("aten::", "")
-            short = name if len(name) <= 30 else name[:27] + "..."
+            short = name if len(name) <= label_width else name[: label_width - 3] + "..."
             movable.append(ax.annotate(short, (row["intensity"], row["tflops"]), fontsize=8, color=color,
                                        textcoords="offset points", xytext=(6, 4)))
     if arrows and len(placeable) > 1:
@@ -411,9 +416,9 @@ _LABEL_OFFSETS = [(6, 4), (6, -11), (-6, 4), (-6, -11), (6, 15), (6, -22), (-6, 
 
 def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any, ax: Any = None,
                      markers: Sequence[tuple[Any, Any, Any]] = ()) -> None:
-    """Place each point label at the first offset of :data:`_LABEL_OFFSETS` where it overlaps no label
-    placed before it, no roof label, no large marker other than its own point's, and not the legend; a
-    label with no free place is left out (its point stays, and the tables name it)."""
+    """Place each point label at the first offset of :data:`_LABEL_OFFSETS` where it stays inside the axes
+    and overlaps no label placed before it, no roof label, no large marker other than its own point's, and
+    not the legend; a label with no free place is left out (its point stays, and the tables name it)."""
     from matplotlib.transforms import Bbox
 
     renderer = _renderer(fig)
@@ -428,6 +433,11 @@ def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any
                 r = 0.5 * (float(area) ** 0.5) * fig.dpi / 72.0
                 if area > 60:  # small markers hide nothing a label needs
                     blobs.append(((x, y), Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)))
+    frame = ax.get_window_extent(renderer) if ax is not None else None  # a label must not leave the axes
+
+    def inside(box: Any) -> bool:
+        return frame is None or (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1)
+
     for label in movable:
         own = tuple(label.xy)
         obstacles = taken + [box for centre, box in blobs if not _same_point(centre, own)]
@@ -435,7 +445,7 @@ def _separate_labels(fig: Any, fixed: list[Any], movable: list[Any], legend: Any
             label.set_position((dx, dy))  # the offset, in points, of an annotation's text
             label.set_horizontalalignment("left" if dx > 0 else "right")
             box = label.get_window_extent(renderer).expanded(1.02, 1.1)
-            if not any(box.overlaps(other) for other in obstacles):
+            if inside(box) and not any(box.overlaps(other) for other in obstacles):
                 taken.append(box)
                 break
         else:

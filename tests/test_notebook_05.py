@@ -1,0 +1,156 @@
+"""Notebook 05 (inference on several GPUs): the recorded two-GPU run is read back as recorded, every exercise's
+reference answer passes its check and plausible wrong answers fail it, and the torchrun command it builds runs."""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from inference import recorded as rec
+from notebook_exercises import SolutionExercises
+from tinyllama import course
+from tinyllama.course import scaling_checks
+from tinyllama.course.checkpoints import CheckpointFailed
+
+pytestmark = pytest.mark.usefixtures("strict")
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    return SolutionExercises("05_multi_gpu")
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return rec.load_scaling_record()
+
+
+def _namespace(recorded, **extra):
+    namespace = {"pd": pd, "course": course, "scaling_checks": scaling_checks, "recorded": recorded,
+                 "display": lambda *a, **k: None, "predicted_efficiency": None}
+    namespace.update(extra)
+    return namespace
+
+
+def test_the_exercises_and_their_order(notebook):
+    assert notebook.ids() == ["05.1", "05.2", "05.3", "05.4"]
+
+
+def test_the_recorded_run_is_read_as_recorded(recorded):
+    raw = json.loads((rec.benchmarks_dir() / rec.TWO_GPU_RECORD).read_text())
+    assert (recorded.world_size, recorded.batch_size, recorded.local_batch_size) == (2, 512, 256)
+    assert recorded.device == "NVIDIA H200" and recorded.date == "2026-11-22" and recorded.parameters == 25_557_032
+    assert list(recorded.per_rank["throughput"]) == [r["throughput"] for r in sorted(raw, key=lambda r: r["rank"])]
+    assert recorded.label == "2 x NVIDIA H200, recorded 2026-11-22 (torch 2.11.0+cu130)"
+    assert recorded.settings == "resnet50 fp16 channels-last, batch 512 (256 per GPU), 30 timed iterations"
+
+
+def test_a_file_that_is_not_one_run_is_refused(tmp_path, recorded):
+    raw = json.loads((rec.benchmarks_dir() / rec.TWO_GPU_RECORD).read_text())
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps(raw[:1]))
+    with pytest.raises(ValueError, match="a rank is missing"):
+        rec.load_scaling_record(missing)
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps([raw[0], {**raw[1], "network": "resnet18"}]))
+    with pytest.raises(ValueError, match="not one run"):
+        rec.load_scaling_record(mixed)
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    with pytest.raises(ValueError, match="no records"):
+        rec.load_scaling_record(empty)
+
+
+def test_the_split_passes(notebook, recorded):
+    namespace = notebook.run("05.1", _namespace(recorded))
+    assert namespace["per_rank_batch"] == 256 and namespace["split_ok"]
+    assert namespace["global_throughput"] == pytest.approx(recorded.global_throughput, rel=1e-9)
+
+
+@pytest.mark.parametrize("mistake", [
+    ('recorded.per_rank["median_ms"].max()', 'recorded.per_rank["median_ms"].min()'),  # the fastest rank
+    ('recorded.per_rank["median_ms"].max()', 'recorded.per_rank["median_ms"].mean()'),  # the mean rank
+    ('recorded.batch_size / (recorded.per_rank["median_ms"].max() / 1e3)', 'recorded.per_rank["throughput"].sum()'),
+    ("per_rank_batch = recorded.batch_size // recorded.world_size", "per_rank_batch = recorded.batch_size"),
+])
+def test_split_mistakes_fail(notebook, recorded, mistake):
+    with pytest.raises(CheckpointFailed):
+        notebook.run("05.1", _namespace(recorded), mistake)
+
+
+def test_the_sum_of_the_ranks_is_named(recorded, capsys, lenient):
+    assert not scaling_checks.check_split(256, float(recorded.per_rank["throughput"].sum()), recorded)
+    assert "sum of the ranks' own rates" in capsys.readouterr().out
+
+
+def _through_split(notebook, recorded):
+    return notebook.run("05.1", _namespace(recorded), check=False)
+
+
+def test_the_efficiency_passes(notebook, recorded):
+    namespace = notebook.run("05.2", _through_split(notebook, recorded))
+    assert namespace["recorded_efficiency"] == pytest.approx(recorded.scaling_efficiency, rel=1e-6)
+
+
+@pytest.mark.parametrize("mistake", [
+    ("return global_throughput / (k * baseline_throughput)", "return global_throughput / baseline_throughput"),
+    ("return global_throughput / (k * baseline_throughput)", "return 100 * global_throughput / (k * baseline_throughput)"),
+    ("return global_throughput / (k * baseline_throughput)", "return (k * baseline_throughput) / global_throughput"),
+])
+def test_efficiency_mistakes_fail(notebook, recorded, mistake):
+    with pytest.raises(CheckpointFailed):
+        notebook.run("05.2", _through_split(notebook, recorded), mistake)
+
+
+def test_the_allreduce_passes(notebook, recorded):
+    namespace = notebook.run("05.3", _namespace(recorded))
+    # 2 x 7/8 x 25.56 M x 2 bytes at 100 GB/s
+    assert namespace["allreduce_ms"] == pytest.approx(1.75 * 25_557_032 * 2 / 100e9 * 1e3)
+    table = namespace["exposed"]
+    assert list(table.index) == [256, 64, 16] and table["efficiency if exposed"].is_monotonic_decreasing
+
+
+@pytest.mark.parametrize("mistake", [
+    ("allreduce_ms = 2 * (k - 1) / k * parameters", "allreduce_ms = parameters"),  # no ring factor
+    ("/ (bus_gbs * 1e9) * 1e3", "/ (bus_gbs * 1e9)"),  # seconds, not ms
+    ("parameters * bytes_per_parameter", "parameters * 4"),  # fp32 gradients
+    ("return step_ms / (step_ms + allreduce_ms)", "return allreduce_ms / (step_ms + allreduce_ms)"),  # the lost share
+])
+def test_allreduce_mistakes_fail(notebook, recorded, mistake):
+    with pytest.raises(CheckpointFailed):
+        notebook.run("05.3", _namespace(recorded), mistake)
+
+
+def test_ring_allreduce_refuses_bad_input():
+    assert scaling_checks.ring_allreduce_ms(1000, 2, 1, 10.0) == 0.0  # one GPU exchanges nothing
+    with pytest.raises(ValueError):
+        scaling_checks.ring_allreduce_ms(1000, 2, 0, 10.0)
+
+
+def _command_namespace(tmp_path):
+    sizes = course.PROFILES["ci"]
+    return {"sys": sys, "Path": Path, "course": course, "sizes": sizes, "per_gpu_batch": sizes.inference_batch_size,
+            "run_device": "cpu", "results_folder": tmp_path, "time": __import__("time"),
+            "shlex": __import__("shlex")}
+
+
+def test_the_command_passes(notebook, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    namespace = notebook.run("05.4", _command_namespace(tmp_path))
+    argv = namespace["torchrun_command"](3, tmp_path / "x.json", baseline=10.0)
+    assert argv[argv.index("--batch-size") + 1] == str(3 * namespace["per_gpu_batch"])
+    assert argv[-2:] == ["--baseline-throughput", "10"] and "--device" in argv
+
+
+@pytest.mark.parametrize("mistake", [
+    ('"--batch-size", str(k * per_gpu_batch)', '"--batch-size", str(per_gpu_batch)'),  # the per-GPU batch as global
+    ('"-m", "torch.distributed.run", "--nproc-per-node", str(k), ', '"-m", "torch.distributed.run", '),
+    ('"--json", str(json_file), ', ""),  # nothing to read back
+    ('"--iterations", str(sizes.inference_steps)', '"--iterations", "20"'),
+])
+def test_command_mistakes_fail(notebook, tmp_path, monkeypatch, mistake):
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    with pytest.raises((CheckpointFailed, ValueError)):
+        notebook.run("05.4", _command_namespace(tmp_path), mistake)

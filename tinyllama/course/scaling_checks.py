@@ -1,0 +1,102 @@
+"""The checks of notebook 05 (data-parallel inference on several GPUs), with feedback that names the mistake.
+
+- :func:`check_split`: the per-rank batch and the global throughput of a recorded run, from its ranks'
+  median times (the slowest rank finishes the batch);
+- :func:`check_efficiency_function`: a ``scaling_efficiency(global_throughput, baseline, k)`` on the recorded
+  run and on made-up ones;
+- :func:`check_allreduce`: the time of a ring all-reduce of a model's gradients, and the efficiency a step
+  would keep if that time were added to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from inference.recorded import RecordedScaling
+from tinyllama.course.bottlenecks import slip_hint
+from tinyllama.course.checkpoints import check_between, check_equal, checkpoint
+
+
+def check_split(per_rank_batch: int, global_throughput: float, recorded: RecordedScaling) -> bool:
+    """``per_rank_batch`` = global batch / world size; ``global_throughput`` = global batch over the slowest
+    rank's median time (samples/s), within 0.01%: the sum of the ranks' own rates is close but not it."""
+    ok = check_equal("samples per rank", per_rank_batch, recorded.batch_size // recorded.world_size,
+                     f"--batch-size is the global batch ({recorded.batch_size}): each of the {recorded.world_size} "
+                     "ranks takes an equal share")
+    medians = recorded.per_rank["median_ms"]
+    expected = recorded.batch_size / (medians.max() / 1e3)
+    hint = ""
+    if math.isclose(global_throughput, recorded.per_rank["throughput"].sum(), rel_tol=1e-6):
+        hint = ("That is the sum of the ranks' own rates: the batch is done only when the slowest rank is, so divide "
+                "the global batch by the slowest rank's time.")
+    elif math.isclose(global_throughput, recorded.batch_size / (medians.min() / 1e3), rel_tol=1e-6):
+        hint = "That uses the fastest rank's time: the batch is done only when the slowest rank is."
+    elif math.isclose(global_throughput, recorded.batch_size / (medians.mean() / 1e3), rel_tol=1e-6):
+        hint = "That uses the ranks' mean time: the batch is done only when the slowest rank is."
+    else:
+        hint = slip_hint(global_throughput, expected, [(1e-3, "1/1000: the medians are in milliseconds."),
+                                                       (1.0 / recorded.world_size, "the per-rank batch over the time "
+                                                        "gives one rank's rate, not the global one.")])
+    ok &= check_between("global throughput", float(global_throughput), expected * (1 - 1e-4), expected * (1 + 1e-4),
+                        "samples/s", hint=hint,
+                        why=f"{recorded.batch_size} samples / {medians.max():.4g} ms (the slowest rank's median) = "
+                            f"{expected:,.0f} samples/s; the recorded run printed {recorded.global_throughput:,.0f}.")
+    return ok
+
+
+def check_efficiency_function(scaling_efficiency: Callable[[float, float, int], float], recorded: RecordedScaling) -> bool:
+    """``scaling_efficiency(global_throughput, baseline_throughput, k)`` = global / (k x baseline): on the
+    recorded run (against the efficiency it recorded) and on made-up runs of 1 to 8 processes."""
+    cases = [(float(recorded.global_throughput), float(recorded.baseline_throughput), recorded.world_size),
+             (300.0, 100.0, 4), (100.0, 100.0, 1), (700.0, 100.0, 8), (90.0, 60.0, 2)]
+    for g, b, k in cases:
+        try:
+            value = float(scaling_efficiency(g, b, k))
+        except Exception as error:  # noqa: BLE001 - shown to the participant as feedback
+            return checkpoint(False, "", f"scaling_efficiency({g:.6g}, {b:.6g}, {k}) raised {type(error).__name__}: {error}")
+        expected = g / (k * b)
+        if not math.isclose(value, expected, rel_tol=1e-9):
+            hint = slip_hint(value, expected, [(float(k), "not divided by k: ideal is k times the one-GPU rate."),
+                                               (100.0, "a percent: return the fraction (1.0 for ideal)."),
+                                               (1.0 / expected ** 2, "the other way round: measured over ideal.")])
+            return checkpoint(False, "", f"scaling_efficiency(global {g:.6g}, baseline {b:.6g}, k={k}) = {value:.4g}, "
+                                         f"expected {expected:.4g} (measured global throughput / (k x baseline)). {hint}".rstrip())
+    recorded_ok = recorded.scaling_efficiency is None or math.isclose(
+        scaling_efficiency(*cases[0]), recorded.scaling_efficiency, rel_tol=1e-6)
+    return checkpoint(recorded_ok, f"scaling_efficiency agrees with the recorded run ({recorded.scaling_efficiency:.4f}) "
+                                   f"and {len(cases) - 1} made-up ones",
+                      "scaling_efficiency differs from the efficiency the recorded run printed")
+
+
+def ring_allreduce_ms(parameters: int, bytes_per_parameter: int, k: int, bus_gbs: float) -> float:
+    """Milliseconds a ring all-reduce of ``parameters`` gradients takes on ``k`` GPUs: each GPU sends and
+    receives ``2 (k - 1) / k`` times the gradient bytes, at ``bus_gbs`` GB/s (10^9 bytes/s)."""
+    if k < 1 or parameters <= 0 or bus_gbs <= 0:
+        raise ValueError(f"need k >= 1, parameters > 0 and a bandwidth > 0 (got k={k}, {parameters}, {bus_gbs} GB/s)")
+    return 2 * (k - 1) / k * parameters * bytes_per_parameter / (bus_gbs * 1e9) * 1e3
+
+
+def check_allreduce(allreduce_ms: float, exposed_efficiency: Callable[[float], float], parameters: int,
+                    bytes_per_parameter: int, k: int, bus_gbs: float) -> bool:
+    """``allreduce_ms`` against :func:`ring_allreduce_ms`, and ``exposed_efficiency(step_ms)`` = step /
+    (step + all-reduce) at several step times."""
+    expected = ring_allreduce_ms(parameters, bytes_per_parameter, k, bus_gbs)
+    ring = 2 * (k - 1) / k
+    ok = check_between("all-reduce time", float(allreduce_ms), 0.99 * expected, 1.01 * expected, "ms",
+                       hint=slip_hint(float(allreduce_ms), expected,
+                                      [(1 / ring, f"without the ring's factor 2 (k-1)/k = {ring:.3g}: every GPU sends "
+                                                  "its share out and receives the others' sums back."),
+                                       (2.0, "twice: fp16 gradients are 2 bytes each."),
+                                       (1e3, "1000x: GB/s is 10^9 bytes per second, and the answer is in ms."),
+                                       (1e-3, "1/1000: the answer is in milliseconds."),
+                                       (8.0, "8x: bytes, not bits.")]),
+                       why=f"2 x ({k}-1)/{k} x {parameters:,} x {bytes_per_parameter} bytes / {bus_gbs:g} GB/s.")
+    for step_ms in (1.0, 10.0, 45.0):
+        value = float(exposed_efficiency(step_ms))
+        want = step_ms / (step_ms + expected)
+        if not math.isclose(value, want, rel_tol=1e-3):
+            hint = slip_hint(value, want, [(100.0, "a percent: return the fraction.")])
+            return checkpoint(False, "", f"exposed_efficiency({step_ms:g} ms) = {value:.4g}, expected {want:.4g}: the "
+                                         f"step alone over the step plus the all-reduce ({expected:.3g} ms). {hint}".rstrip())
+    return ok & checkpoint(True, "exposed_efficiency is the step's share of step + all-reduce", "")
