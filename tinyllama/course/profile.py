@@ -38,7 +38,8 @@ class Profile:
     inference_batch_sizes: tuple[int, ...]
     image_size: int
     inference_steps: int
-    # torch.compile modes notebook 06 compares with eager (max-autotune's autotuning costs minutes).
+    # torch.compile modes notebook 06 compares with eager on the inference network (max-autotune's
+    # autotuning costs minutes there: it is measured on the smaller case of autotune_network below).
     compile_modes: tuple[str, ...]
     # Kernel launches Nsight Compute profiles in notebook 07 (it replays each one: keep it small).
     vendor_launch_count: int
@@ -105,6 +106,12 @@ class Profile:
     lab_workers: tuple[int, ...]
     lab_loss_tolerance: float
     lab_memory_batch: int
+    # 06_torch_compile: the smaller case on which max-autotune is measured beside the other modes (its
+    # autotuning of every convolution and fused kernel costs minutes at the inference network's size); an
+    # empty network skips it (a CPU: its C++ GEMM templates and two cores would take many minutes).
+    autotune_network: str
+    autotune_batch_size: int
+    autotune_modes: tuple[str, ...]
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -127,7 +134,7 @@ PROFILES: dict[str, Profile] = {
         inference_batch_sizes=(1, 8, 32, 64, 128, 256),
         image_size=224,
         inference_steps=50,
-        compile_modes=("default", "reduce-overhead"),  # max-autotune: minutes of autotuning, shown in the text only
+        compile_modes=("default", "reduce-overhead"),  # max-autotune: see autotune_network (06)
         vendor_launch_count=60,
         tinyllama_preset="medium",
         tinyllama_batch_sizes=(4, 8, 16, 32),
@@ -177,6 +184,10 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 4),
         lab_loss_tolerance=0.03,
         lab_memory_batch=4,
+        # 06_torch_compile: ResNet-18 at batch 16 (about a minute or two of max-autotune on an H100/H200)
+        autotune_network="resnet18",
+        autotune_batch_size=16,
+        autotune_modes=("default", "reduce-overhead", "max-autotune"),
     ),
     "ci": Profile(
         name="ci",
@@ -243,6 +254,10 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 2),
         lab_loss_tolerance=0.05,
         lab_memory_batch=2,
+        # 06_torch_compile: max-autotune skipped on a CPU
+        autotune_network="",
+        autotune_batch_size=0,
+        autotune_modes=(),
     ),
 }
 
