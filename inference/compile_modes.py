@@ -334,13 +334,14 @@ def plot_modes(table: pd.DataFrame, title: str) -> Any:
     labels = list(table.index)
     spread = table["ms_per_batch"] * table["spread_pct"] / 100
     colors = ["gray" if mode == "eager" else "tab:blue" for mode in labels]
-    ax_time.bar(labels, table["ms_per_batch"], yerr=spread / 2, capsize=3, color=colors)
-    for x, (ms, speedup) in enumerate(zip(table["ms_per_batch"], table["speedup"])):
-        ax_time.annotate(f"{ms:.3g} ms\n{speedup:.2f}x", (x, ms), ha="center", va="bottom", fontsize=8,
+    ax_time.bar(labels, table["ms_per_batch"], 0.6, yerr=spread / 2, capsize=3, color=colors)
+    for x, (ms, half_spread, speedup) in enumerate(zip(table["ms_per_batch"], spread / 2, table["speedup"])):
+        text = f"{ms:.3g} ms" if ms < 1000 else f"{ms:,.0f} ms"
+        ax_time.annotate(f"{text}\n{speedup:.2f}x", (x, ms + half_spread), ha="center", va="bottom", fontsize=8,
                          xytext=(0, 2), textcoords="offset points")
     ax_time.set_ylabel("time per batch (ms, median)")
     ax_time.set_title("steady speed (bar labels: speed-up over eager)", fontsize=9)
-    ax_time.set_ylim(0, 1.3 * float(table["ms_per_batch"].max()))
+    ax_time.set_ylim(0, 1.35 * float((table["ms_per_batch"] + spread / 2).max()))
     compiled = table[table.index != "eager"]
     x = np.arange(len(compiled))
     ax_compile.bar(x - 0.2, compiled["compile_cold_s"], 0.4, label="cold (empty caches)", color="tab:orange")

@@ -61,7 +61,7 @@ def check_serving_seconds(candidate: Callable[[float, float, float, Scenario], f
     costs in one configuration, as :func:`inference.compile_modes.serving_seconds` does: on made-up cases
     and on every run of ``table`` (:func:`inference.compile_modes.modes_table`). Then, for each scenario,
     the mode the candidate's figures choose (the cheapest by them) and what it costs against the cheapest
-    by the reference, in seconds and percent."""
+    by the reference, in seconds and percent (printed first, right or wrong)."""
     cases = []
     rows = [(f"made-up run (cold {c:g} s, warm {w:g} s, {ms:g} ms a batch)", c, w, ms) for c, w, ms in SERVING_CASES]
     rows += [(f"measured {mode}", float(r.compile_cold_s), float(r.compile_warm_s), float(r.ms_per_batch))
@@ -72,16 +72,13 @@ def check_serving_seconds(candidate: Callable[[float, float, float, Scenario], f
             cases.append(Case(f"{label}, {scenario.name}", (cold, warm, ms, scenario),
                               lambda a, e=expected: isinstance(a, (int, float)) and math.isclose(a, e, rel_tol=1e-6),
                               _why(scenario), f"{expected:,.4g} s"))
-    right = check_cases("serving_seconds", candidate, cases,
-                        hint="Per start: the one-time cost (cold the first time; later cold again unless the cache "
-                             "is kept), plus the start's batches at ms_per_batch / 1000 seconds each.")
     for scenario in scenarios:
         reference = {mode: serving_seconds(r.compile_cold_s, r.compile_warm_s, r.ms_per_batch, scenario)
                      for mode, r in table.iterrows()}
         try:
             yours = {mode: float(candidate(r.compile_cold_s, r.compile_warm_s, r.ms_per_batch, scenario))
                      for mode, r in table.iterrows()}
-        except Exception:  # already reported by check_cases
+        except Exception:  # the check below reports which case raised
             continue
         chosen, best = min(yours, key=yours.get), min(reference, key=reference.get)
         extra = reference[chosen] - reference[best]
@@ -91,7 +88,9 @@ def check_serving_seconds(candidate: Callable[[float, float, float, Scenario], f
                                                      f"the cheapest is {best} at {_duration(reference[best])}: your "
                                                      f"choice costs {_duration(extra)} more "
                                                      f"(+{100 * extra / reference[best]:.1f}%)"))
-    return right
+    return check_cases("serving_seconds", candidate, cases,
+                       hint="Per start: the one-time cost (cold the first time; later cold again unless the cache "
+                            "is kept), plus the start's batches at ms_per_batch / 1000 seconds each.")
 
 
 def _why(scenario: Scenario) -> str:

@@ -112,6 +112,7 @@ class Profile:
     autotune_network: str
     autotune_batch_size: int
     autotune_modes: tuple[str, ...]
+    compile_half_precision: bool  # also compile the network in half precision (a CPU: one cold compile too many)
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -188,6 +189,7 @@ PROFILES: dict[str, Profile] = {
         autotune_network="resnet18",
         autotune_batch_size=16,
         autotune_modes=("default", "reduce-overhead", "max-autotune"),
+        compile_half_precision=True,
     ),
     "ci": Profile(
         name="ci",
@@ -258,6 +260,7 @@ PROFILES: dict[str, Profile] = {
         autotune_network="",
         autotune_batch_size=0,
         autotune_modes=(),
+        compile_half_precision=False,
     ),
 }
 
