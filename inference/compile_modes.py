@@ -134,7 +134,8 @@ def run_mode(network: str, mode: str, order: int, warm: bool = True, **settings:
         warm_run = None
         if warm:  # as after a restart: Dynamo reset (run_benchmark does it), nothing in memory, the folders full
             _clear_memory_caches()
-            warm_run = run_benchmark(config)
+            with captured_autotune():  # warm: the choices come from the cache; keep any table out
+                warm_run = run_benchmark(config)
     return ModeRun(mode, order, cold, warm_run, autotune_choices(printed[0]))
 
 
