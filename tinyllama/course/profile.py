@@ -38,7 +38,8 @@ class Profile:
     inference_batch_sizes: tuple[int, ...]
     image_size: int
     inference_steps: int
-    # torch.compile modes notebook 06 compares with eager (max-autotune's autotuning costs minutes).
+    # torch.compile modes notebook 06 compares with eager on the inference network (max-autotune's
+    # autotuning costs minutes there: it is measured on the smaller case of autotune_network below).
     compile_modes: tuple[str, ...]
     # Kernel launches Nsight Compute profiles in notebook 07 (it replays each one: keep it small).
     vendor_launch_count: int
@@ -109,6 +110,13 @@ class Profile:
     precision_budget_mib: int
     precision_search_network: str
     precision_search_image_size: int
+    # 06_torch_compile: the smaller case on which max-autotune is measured beside the other modes (its
+    # autotuning of every convolution and fused kernel costs minutes at the inference network's size); an
+    # empty network skips it (a CPU: its C++ GEMM templates and two cores would take many minutes).
+    autotune_network: str
+    autotune_batch_size: int
+    autotune_modes: tuple[str, ...]
+    compile_half_precision: bool  # also compile the network in half precision (a CPU: one cold compile too many)
 
     def as_dict(self) -> dict[str, object]:
         """All sizes by name (for a table in the notebook, or to stamp on a result)."""
@@ -131,7 +139,7 @@ PROFILES: dict[str, Profile] = {
         inference_batch_sizes=(1, 8, 32, 64, 128, 256),
         image_size=224,
         inference_steps=50,
-        compile_modes=("default", "reduce-overhead"),  # max-autotune: minutes of autotuning, shown in the text only
+        compile_modes=("default", "reduce-overhead"),  # max-autotune: see autotune_network (06)
         vendor_launch_count=60,
         tinyllama_preset="medium",
         tinyllama_batch_sizes=(4, 8, 16, 32),
@@ -185,6 +193,11 @@ PROFILES: dict[str, Profile] = {
         precision_budget_mib=4096,
         precision_search_network="resnet50",
         precision_search_image_size=224,
+        # 06_torch_compile: ResNet-18 at batch 16 (about a minute or two of max-autotune on an H100/H200)
+        autotune_network="resnet18",
+        autotune_batch_size=16,
+        autotune_modes=("default", "reduce-overhead", "max-autotune"),
+        compile_half_precision=True,
     ),
     "ci": Profile(
         name="ci",
@@ -256,6 +269,11 @@ PROFILES: dict[str, Profile] = {
         precision_budget_mib=6,
         precision_search_network="squeezenet1_0",
         precision_search_image_size=32,
+        # 06_torch_compile: max-autotune skipped on a CPU
+        autotune_network="",
+        autotune_batch_size=0,
+        autotune_modes=(),
+        compile_half_precision=False,
     ),
 }
 
