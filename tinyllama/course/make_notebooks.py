@@ -52,7 +52,7 @@ EXERCISE_ID = re.compile(r"\d\d\.\d+")
 # Notebooks written before the leak check, whose hints still spell out their answers; issue 18 reworks
 # them. Remove a name here once its notebook is revised: the check then holds for it too.
 LEGACY_HINTS = frozenset({"00_environment_check", "01_inference_baseline", "02_precision", "03_pytorch_profiler",
-                          "04_flops_profiler", "05_multi_gpu", "06_torch_compile", "07_vendor_profilers"})
+                          "04_flops_profiler", "05_multi_gpu", "06_torch_compile"})
 # The import guard at the top of a first code cell, whatever its message says (the generator rewrites it).
 GUARD = re.compile(r"\Atry:\n    from tinyllama import course\nexcept ImportError as error:\n"
                    r"(?:[ \t].*\n)*?[ \t].*\bfrom error[ \t]*(?:\n|\Z)")
