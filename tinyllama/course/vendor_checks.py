@@ -45,8 +45,8 @@ RANGE_NOTES: dict[str, str] = {
 }
 
 
-def check_kernel_classifier(classify: Callable[[str], str], kernels: pd.DataFrame, min_time_share: float = 0.9,
-                            min_samples: float = 0.75) -> bool:
+def check_kernel_classifier(classify: Callable[[str], str], kernels: pd.DataFrame, min_time_share: float = 0.95,
+                            min_samples: float = 0.9) -> bool:
     """``classify(name)`` agrees with :func:`tinyllama.profiling.vendor.kernel_class` on at least
     ``min_time_share`` of the measured time of ``kernels`` (``kernel``, ``time_ns``) and on at least
     ``min_samples`` of :data:`SAMPLE_KERNELS` (both vendors' names). Lists the disagreements, largest first."""
