@@ -29,6 +29,11 @@ from inference.config import BenchmarkConfig, BenchmarkError
 from inference.distributed import DistContext
 
 SPREAD_WARNING_PCT = 5.0  # warn when the 10th-90th percentile spread exceeds this share of the median
+# The named ranges of a run, in order, as profilers see them (PyTorch profiler, NVTX/ROCTX): the fp32
+# eager reference of the correctness check (on the first precision.CHECK_SAMPLES samples), the warm-up
+# (the first iteration is checked against it; cuDNN/MIOpen search their algorithms here), and the timed
+# iterations, which also start and stop the driver's profiler API (tinyllama.device.capture_range).
+RANGES = ("reference", "warm-up", "timed")
 
 
 class OutOfMemoryError(BenchmarkError):
@@ -339,7 +344,7 @@ class _Run:
         cpu_targets = networks.make_targets(spec, self.local_batch, self.size, generator) if self.training else None
         if config.check and spec.task != "detection":  # the reference, before the configuration touches the model
             self.model.eval()
-            with torch.inference_mode():
+            with torch.inference_mode(), dev.annotate(RANGES[0]):
                 head = networks.to_device(networks.head(cpu_inputs, self.check_samples), device)
                 self.reference = networks.primary_output(spec, networks.forward(self.model, spec, head)).float().clone()
         # In training, also the loss of the first step (before any update), where it is deterministic.
@@ -427,18 +432,19 @@ class _Run:
         warmup_ms: list[float] = []
         first_loss: float | None = None
         desc = f"{prefix}warm-up" + (" (the first iteration compiles)" if self.config.compile else "")
-        for i in tqdm(range(self.config.warmup), desc=desc, disable=not self.show_progress, leave=False):
-            timer.start()
-            output = self.step()
-            timer.mark("warm-up")
-            warmup_ms.append(timer.stop()["warm-up"])
-            if i == 0 and self.training:
-                first_loss = float(output)
-                if self.reference_loss is not None:
-                    self.judge_loss(first_loss)
-            if i == 0 and self.reference is not None and not self.training:
-                self.judge(networks.primary_output(self.spec, output)[:self.check_samples], self.label)
-            del output
+        with dev.annotate(RANGES[1]):
+            for i in tqdm(range(self.config.warmup), desc=desc, disable=not self.show_progress, leave=False):
+                timer.start()
+                output = self.step()
+                timer.mark("warm-up")
+                warmup_ms.append(timer.stop()["warm-up"])
+                if i == 0 and self.training:
+                    first_loss = float(output)
+                    if self.reference_loss is not None:
+                        self.judge_loss(first_loss)
+                if i == 0 and self.reference is not None and not self.training:
+                    self.judge(networks.primary_output(self.spec, output)[:self.check_samples], self.label)
+                del output
         return warmup_ms, first_loss
 
     @property
@@ -461,18 +467,21 @@ class _Run:
             distributed.barrier()  # all processes start timing together
             dev.reset_peak_memory(device)
             timer.start()
-            for i in tqdm(range(config.iterations), desc=f"{prefix}timed", disable=not self.show_progress, leave=False):
-                if i == config.flops_prof_step:
-                    out["samples"].extend(timer.stop().values())
-                    out["flops_profile"] = profilers.deepspeed_flops(self.model, lambda: self.step(self.run_model), i,
-                                                                     self.local_batch)
-                    timer.start()
-                else:
-                    with self.phase(f"iteration {i}"):
-                        out["last"] = self.step()
-                    timer.mark(f"iteration {i}")
-                if kineto is not None:
-                    kineto.step()
+            # The range's closing synchronize comes after the last iteration's end event: timing unchanged.
+            with dev.capture_range(RANGES[2], device):
+                for i in tqdm(range(config.iterations), desc=f"{prefix}timed", disable=not self.show_progress,
+                              leave=False):
+                    if i == config.flops_prof_step:
+                        out["samples"].extend(timer.stop().values())
+                        out["flops_profile"] = profilers.deepspeed_flops(
+                            self.model, lambda: self.step(self.run_model), i, self.local_batch)
+                        timer.start()
+                    else:
+                        with self.phase(f"iteration {i}"):
+                            out["last"] = self.step()
+                        timer.mark(f"iteration {i}")
+                    if kineto is not None:
+                        kineto.step()
             out["samples"].extend(timer.stop().values())
         return out
 

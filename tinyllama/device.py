@@ -258,6 +258,35 @@ def annotate(name: str) -> Iterator[None]:
             yield
 
 
+@contextlib.contextmanager
+def capture_range(name: str, device: torch.device | str | None = None) -> Iterator[None]:
+    """The region a profiler should record: an :func:`annotate` range ``name`` (for ``ncu --nvtx
+    --nvtx-include NAME/``, ``nsys --capture-range=nvtx``, a ROCTX marker trace) that also starts and
+    stops the driver's profiler API (``cudaProfilerStart``/``Stop``: ``ncu --profile-from-start off``,
+    ``nsys --capture-range=cudaProfilerApi``). Without a profiler attached both are no-ops; on the
+    CPU it is only a PyTorch-profiler range."""
+    device = torch.device(device) if device is not None else get_device()
+    on_gpu = device.type == "cuda"
+    with annotate(name):
+        if on_gpu:
+            _profiler_api("start")
+        try:
+            yield
+        finally:
+            if on_gpu:
+                torch.cuda.synchronize(device)  # the region's kernels run before the capture stops
+                _profiler_api("stop")
+
+
+def _profiler_api(what: str) -> None:
+    """``torch.cuda.profiler.start()``/``stop()``; a build without the call (some ROCm releases
+    dropped hipProfilerStart) only loses the capture range, never the run."""
+    try:
+        getattr(torch.cuda.profiler, what)()
+    except (RuntimeError, AttributeError):
+        pass
+
+
 # --------------------------------------------------------------------------------------------------
 # Datasheet peaks. Dense (no structured sparsity) figures from the vendors' data sheets, in TFLOP/s
 # and TB/s. "fp32" is the best plain-FP32 rate (matrix cores where the chip has FP32 matrix math);

@@ -3,7 +3,7 @@
 A solution notebook is the one source. In its code cells, the lines between ``# BEGIN SOLUTION 13.2``
 and ``# END SOLUTION`` are exercise 13.2 (the number before the dot is the notebook's). An id-less
 ``# BEGIN SOLUTION`` marks what is not an exercise to reveal: a prediction cell, whose participant copy
-keeps a ``# PARTICIPANT: predicted = None`` line, and the older exercises of notebooks 00-07. One or more ``# HINT: ...`` lines inside
+keeps a ``# PARTICIPANT: predicted = None`` line. One or more ``# HINT: ...`` lines inside
 the block say what to write. The participant's copy gets, at the same indentation::
 
     # TODO: <hint>
@@ -49,9 +49,6 @@ from tinyllama.course.results import checkout_root
 RAISE_LINE = 'raise NotImplementedError("exercise: write the code the TODO above describes")'
 NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
 EXERCISE_ID = re.compile(r"\d\d\.\d+")
-# Notebooks written before the leak check, whose hints still spell out their answers; issue 18 reworks
-# them. Remove a name here once its notebook is revised: the check then holds for it too.
-LEGACY_HINTS = frozenset({})
 # The import guard at the top of a first code cell, whatever its message says (the generator rewrites it).
 GUARD = re.compile(r"\Atry:\n    from tinyllama import course\nexcept ImportError as error:\n"
                    r"(?:[ \t].*\n)*?[ \t].*\bfrom error[ \t]*(?:\n|\Z)")
@@ -267,16 +264,15 @@ def participant_notebook(solution: nbformat.NotebookNode, name: str = "notebook"
     """The participant's version of a solution notebook (a new object; ``solution`` is unchanged)."""
     nb = with_course_kernel(copy.deepcopy(solution))
     stem = name.removesuffix(".ipynb")
-    check_leaks = stem not in LEGACY_HINTS
     exercises(solution, name)  # ids unique and numbered after the notebook
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         if cell.cell_type == "code":
-            cell.source = strip_solutions(cell.source, CODE, where, check_leaks)
+            cell.source = strip_solutions(cell.source, CODE, where, True)
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":
-            cell.source = strip_solutions(cell.source, MARKDOWN, where, check_leaks)
+            cell.source = strip_solutions(cell.source, MARKDOWN, where, True)
         for key in ("execution", "collapsed", "scrolled"):
             cell.metadata.pop(key, None)
     # Keep only metadata that does not depend on where the solution was last executed, so that

@@ -23,7 +23,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
@@ -336,6 +336,55 @@ def _phase_of(event: Any, include_self: bool = False) -> str:
             return "backward"
         node = getattr(node, "cpu_parent", None)
     return "backward" if event.name.startswith("autograd::") else "outside phases"
+
+
+def launch_table(profiler: Any, ranges: Sequence[str], device: torch.device | str | None = None) -> pd.DataFrame:
+    """Every launch the profiler recorded, in launch order, with the named range it ran in.
+
+    On a GPU a launch is a device kernel (copies and memsets are not kernels: ``ncu`` does not count
+    them either), timed on the device; on a CPU it is a top-level operator call (what a CPU runs in
+    place of a kernel), timed by its CPU time, and only inside ``ranges``. ``ranges`` are the range
+    names to look for (the innermost one wins); kernels outside all of them get ``"outside"``.
+
+    Columns: ``launch`` (0, 1, ... in order), ``kernel``, ``range``, ``index`` (the launch's number
+    within its range) and ``time_ns``.
+    """
+    device = dev.get_device(None if device is None else str(device))
+    wanted = set(ranges)
+
+    def range_of(event: Any) -> str:
+        node = event
+        while node is not None:
+            if node.name in wanted:
+                return node.name
+            node = getattr(node, "cpu_parent", None)
+        return "outside"
+
+    rows = []
+    for event in profiler.events():
+        if is_device_event(event):
+            continue
+        if device.type == "cuda":
+            # A host event's kernels, in the order it launched them (the profiler keeps no device start).
+            for order, kernel in enumerate(getattr(event, "kernels", [])):
+                if ((kernel.name == event.name and not is_fused_kernel(kernel.name)) or kernel.name in wanted
+                        or kernel.name.startswith(("Memcpy", "Memset"))):
+                    continue  # the device-side copy of a range, or a copy (not a kernel launch)
+                rows.append(((event.time_range.start, order), kernel.name, range_of(event), kernel.duration * 1e3))
+        elif row_kind(event.name) == "operator":
+            parent = getattr(event, "cpu_parent", None)
+            while parent is not None and row_kind(parent.name) != "operator":
+                parent = getattr(parent, "cpu_parent", None)
+            # Top level (its children are part of its call) and inside a range: work outside the ranges
+            # (building the network) runs on the host of a GPU too, where it launches no kernels.
+            if parent is None and range_of(event) != "outside":
+                rows.append(((event.time_range.start, 0), event.name, range_of(event),
+                             event_time(event, "cpu_time_total") * 1e3))
+    frame = pd.DataFrame(sorted(rows, key=lambda row: row[0]), columns=["start", "kernel", "range", "time_ns"])
+    frame = frame.drop(columns="start")
+    frame.insert(0, "launch", range(len(frame)))
+    frame.insert(3, "index", frame.groupby("range").cumcount())
+    return frame
 
 
 def profile_steps(

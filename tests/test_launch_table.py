@@ -1,0 +1,71 @@
+"""The launch sequence of a run with its named ranges (torch_profiler.launch_table), the capture range
+that starts and stops the profiler API (device.capture_range), and the ranges the inference benchmark
+names (inference.benchmark.RANGES)."""
+
+import pytest
+import torch
+
+import inference
+from inference.benchmark import RANGES
+from tinyllama import device as dev
+from tinyllama.profiling.torch_profiler import activities, launch_table
+
+
+def test_cpu_launches_are_top_level_operators_in_order_with_their_range():
+    x = torch.randn(16, 16)
+    with torch.profiler.profile(activities=activities(torch.device("cpu"))) as prof:
+        torch.mm(x, x)  # outside every range: left out on a CPU
+        with torch.profiler.record_function("first"):
+            torch.mm(x, x)
+            torch.relu(x)
+        with torch.profiler.record_function("second"):
+            with torch.profiler.record_function("inner"):
+                torch.add(x, x)
+            torch.mm(x, x)
+    table = launch_table(prof, ["first", "second"], "cpu")
+    assert list(table["kernel"]) == ["aten::mm", "aten::relu", "aten::add", "aten::mm"]
+    assert list(table["range"]) == ["first", "first", "second", "second"]  # "inner" is not asked for: its parent
+    assert list(table["index"]) == [0, 1, 0, 1] and list(table["launch"]) == [0, 1, 2, 3]
+    assert (table["time_ns"] > 0).all()
+
+
+def test_the_capture_range_starts_and_stops_the_profiler_api_around_its_body(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append("start"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: calls.append("stop"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
+    monkeypatch.setattr(dev, "backend", lambda: "cpu")  # no NVTX on this machine
+    with dev.capture_range("timed", torch.device("cuda")):
+        calls.append("body")
+    assert calls == ["start", "body", "synchronize", "stop"]
+    calls.clear()
+    with dev.capture_range("timed", torch.device("cpu")):
+        calls.append("body")
+    assert calls == ["body"]  # on the CPU only a PyTorch-profiler range
+
+
+def test_a_missing_profiler_api_does_not_stop_the_run(monkeypatch):
+    def broken():
+        raise RuntimeError("hipProfilerStart is deprecated")
+    monkeypatch.setattr(torch.cuda.profiler, "start", broken)
+    monkeypatch.setattr(torch.cuda.profiler, "stop", broken)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(dev, "backend", lambda: "cpu")
+    with dev.capture_range("timed", torch.device("cuda")):
+        pass
+
+
+@pytest.mark.timeout(300)
+def test_the_benchmark_names_its_phases_and_times_whole_forwards():
+    config = inference.BenchmarkConfig(network="resnet18", batch_size=2, input_size=32, iterations=2, warmup=1,
+                                       progress=False, device="cpu")
+    with torch.profiler.profile(activities=activities(torch.device("cpu"))) as prof:
+        inference.run_benchmark(config)
+    table = launch_table(prof, RANGES, "cpu")
+    assert list(table["range"].unique()) == list(RANGES)  # reference, then warm-up, then timed
+    timed = table[table["range"] == "timed"]
+    per_forward = len(timed) // 2
+    assert len(timed) == 2 * per_forward and per_forward > 20
+    # the reference is one forward (plus moving the inputs); the warm-up one forward plus the check's comparison
+    assert list(timed["kernel"].iloc[:per_forward]) == list(timed["kernel"].iloc[per_forward:])
+    assert (table["range"] == "reference").sum() >= per_forward
