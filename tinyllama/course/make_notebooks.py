@@ -263,7 +263,6 @@ def with_course_kernel(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def participant_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
     """The participant's version of a solution notebook (a new object; ``solution`` is unchanged)."""
     nb = with_course_kernel(copy.deepcopy(solution))
-    stem = name.removesuffix(".ipynb")
     exercises(solution, name)  # ids unique and numbered after the notebook
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
