@@ -10,7 +10,8 @@ FLOP formulas with ``torch.utils.flop_counter.register_flop_formula``.
 Under Triton's interpreter (no GPU) a compiled graph cannot hold an interpreted kernel, so there
 the operators are plain ``torch.library.custom_op`` operators: the compiled graph calls them as
 opaque functions, and their fake implementation is the same launcher code, which allocates the
-outputs and launches nothing on fake tensors. ``TINYLLAMA_OPAQUE_OPS=1`` asks for the same on a GPU
+outputs and launches nothing on fake tensors. They are registered the same way on a GPU unless ``TINYLLAMA_TRITON_OPS=1``
+asks for ``triton_op``
 (``tinyllama.kernels._triton.OPAQUE_OPS``).
 
 Why eager calls do not go through the operators: a call through the dispatcher to a Python
