@@ -636,10 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cpu_requested(argv: Sequence[str]) -> bool:
-    """Whether ``--device cpu`` (or ``--device=cpu``) is among the arguments."""
-    values = [b for a, b in zip(argv, argv[1:]) if a == "--device"] + [a.split("=", 1)[1] for a in argv
-                                                                      if a.startswith("--device=")]
-    return any(v.split(":")[0] == "cpu" for v in values)
+    """Whether the arguments ask for ``--device cpu`` (read by the same parser as ``main``)."""
+    device = build_parser().parse_known_args(list(argv))[0].device
+    return device is not None and device.split(":")[0] == "cpu"
 
 
 if __name__ == "__main__":
