@@ -49,6 +49,12 @@ LIBRARY_OPERATORS = frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_co
                                "_scaled_mm"})
 LIBRARY_CHOICES = LIBRARY_OPERATORS | {"bias_addmm", "_int_mm"}
 
+# max-autotune without Inductor's Triton convolution templates: convolutions stay cuDNN/MIOpen calls,
+# matrix products and generated kernels are still tuned. On an H200 in fp32 the templates cost 1-70 s of
+# compiling per convolution shape (ResNet-18 unfinished after 5.5 minutes; most of it tiles too large for shared
+# memory); cuDNN won six of the seven shapes timed, by 1.8-10x (benchmarks/NOTES.md, 2026-11-23).
+WITHOUT_CONV_TEMPLATES = {"max_autotune_conv_backends": "ATEN"}
+
 _HEADER = re.compile(r"^AUTOTUNE (\w+)\((.*)\)\s*$")
 _CHOICE = re.compile(r"^\s+(\S+) ([0-9.]+|inf) ms\b")
 _SUMMARY = re.compile(r"AUTOTUNE benchmarking takes ([0-9.]+) seconds and ([0-9.]+) seconds precompiling "
@@ -122,13 +128,18 @@ def run_eager(network: str, **settings: Any) -> ModeRun:
     return ModeRun("eager", 0, run_benchmark(BenchmarkConfig(network=network, **_settings(settings))))
 
 
-def run_mode(network: str, mode: str, order: int, warm: bool = True, **settings: Any) -> ModeRun:
+def run_mode(network: str, mode: str, order: int, warm: bool = True, inductor: dict[str, Any] | None = None,
+             **settings: Any) -> ModeRun:
     """``network`` compiled with ``torch.compile(mode=mode)``: a cold run in fresh, empty Inductor and
     Triton cache folders, then (``warm``) a second run with Dynamo reset and the folders the first
     filled. Both are full benchmark runs (checked against fp32 eager, warmed up, timed). ``order``
-    says how many compiles this process has run before, counting this one (for the record)."""
+    says how many compiles this process has run before, counting this one (for the record).
+    ``inductor``: settings of ``torch._inductor.config`` that hold for both compiles (e.g.
+    :data:`WITHOUT_CONV_TEMPLATES`), restored afterwards."""
     config = BenchmarkConfig(network=network, compile=True, compile_options={"mode": mode}, **_settings(settings))
-    with empty_compile_caches():
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(inductor or {}), empty_compile_caches():
         with captured_autotune() as printed:
             cold = run_benchmark(config)
         warm_run = None
@@ -176,8 +187,15 @@ def captured_autotune() -> Iterator[list[str]]:
 
 
 def _without_autotune(text: str) -> str:
-    kept, inside = [], False
+    kept, inside, stats = [], False, False
     for line in text.splitlines(keepends=True):
+        if line.startswith("Autotune Choices Stats:"):  # newer PyTorch: a JSON summary line follows
+            stats = True
+            continue
+        if stats and line.startswith("{"):
+            stats = False
+            continue
+        stats = False
         if _HEADER.match(line):
             inside = True
             continue

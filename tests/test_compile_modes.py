@@ -15,6 +15,8 @@ matplotlib.use("Agg")
 
 AUTOTUNE_TEXT = """\
 /x/compile_fx.py:322: UserWarning: TensorFloat32 tensor cores available but not enabled.
+Autotune Choices Stats:
+{"num_choices": 13, "num_triton_choices": 12, "best_kernel": "convolution", "best_time": 0.041}
 AUTOTUNE convolution(16x64x56x56, 64x64x3x3)
 strides: [200704, 1, 3584, 64], [576, 1, 192, 64]
 dtypes: torch.float32, torch.float32
@@ -73,6 +75,7 @@ def test_captured_autotune_keeps_the_tables_and_passes_the_rest_on(capsys):
     err = capsys.readouterr().err
     assert "UserWarning" in err and "something else printed after" in err
     assert "AUTOTUNE" not in err and "triton_mm_12" not in err and "strides" not in err
+    assert "Choices Stats" not in err and "num_choices" not in err
 
 
 def test_forward_operators_of_resnet18():
@@ -105,6 +108,23 @@ def test_run_mode_compiles_cold_then_warm_in_one_fresh_folder(monkeypatch):
     assert cleared == [1, 3]  # the in-memory modules are forgotten before each warm run
     assert (first.cold_s, first.warm_s, first.order) == (pytest.approx(0.495), pytest.approx(0.045), 1)
     assert second.mode == "default" and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == outside
+
+
+def test_run_mode_sets_inductor_settings_for_both_compiles_only(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.max_autotune_conv_backends
+    seen = []
+
+    def fake_run(config):
+        seen.append(inductor_config.max_autotune_conv_backends)
+        return _result([500.0, 5.0], 5.0)
+
+    monkeypatch.setattr(cm, "run_benchmark", fake_run)
+    monkeypatch.setattr(cm, "_clear_memory_caches", lambda: None)
+    cm.run_mode("resnet18", "max-autotune", order=1, inductor=cm.WITHOUT_CONV_TEMPLATES, batch_size=2)
+    assert seen == ["ATEN", "ATEN"] and before != "ATEN"  # cold and warm compile without the templates
+    assert inductor_config.max_autotune_conv_backends == before  # restored afterwards
 
 
 def test_run_mode_refuses_compile_settings():

@@ -23,6 +23,7 @@ from tinyllama.profiling import kernel_names
     ("MIOpenBatchNormFwdInferSpatialEst", kernel_names.BATCH_NORM),
     ("Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN", kernel_names.CONV_GEMM),
     ("batched_transpose_32x16_half", kernel_names.LAYOUT),
+    ("nvjet_sm90_hsh_448x64_64x2_2x1_v_bz_coopB_NNN", kernel_names.CONV_GEMM),
     ("aten::conv2d", kernel_names.CONV_GEMM), ("aten::relu_", kernel_names.ELEMENTWISE), ("aten::flatten", kernel_names.OTHER),
     ("void at::native::reduce_kernel<512, 1>(int)", kernel_names.OTHER),
 ])
@@ -34,6 +35,11 @@ def test_kernel_classes_are_read_from_the_names(name, kind):
     ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n", True, "tf32"),
     ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64>(Params)", True, "tf32"),
     ("sm80_xmma_fprop_implicit_gemm_indexed_wo_smem_f16f16_f32", True, "fp16"),
+    # 16x8x16 MMAs with fp32 accumulation take 16-bit inputs, not tf32 (an H200's fp16 ResNet-50 runs these)
+    ("void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_256x128_32x3_nn_align8>(Params)", True, "fp16"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>(Params)", True, "bf16"),
+    ("nvjet_sm90_hsh_320x128_64x3_4x2_h_bz_coopB_NNT", True, "fp16"),  # cuBLAS's Hopper GEMMs
+    ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_TNT", True, "tf32"),
     ("Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN", True, "fp16"),
     ("void implicit_convolve_sgemm<float, float, 128, 5>(int)", False, "fp32"),
     ("void cudnn::bn_fw_inf_1C11_kernel_NCHW<float, float, 1, 1>(float)", False, "fp32"),

@@ -69,3 +69,54 @@ def test_the_benchmark_names_its_phases_and_times_whole_forwards():
     # the reference is one forward (plus moving the inputs); the warm-up one forward plus the check's comparison
     assert list(timed["kernel"].iloc[:per_forward]) == list(timed["kernel"].iloc[per_forward:])
     assert (table["range"] == "reference").sum() >= per_forward
+
+
+class _KinetoEvent:
+    """A stand-in for the profiler's raw records (torch._C._autograd._KinetoEvent), as a GPU run has them."""
+
+    def __init__(self, name, device, kind, start, end):
+        self._name, self._device, self._kind, self._start, self._end = name, device, kind, start, end
+
+    def name(self):
+        return self._name
+
+    def device_type(self):
+        return f"DeviceType.{self._device}"
+
+    def activity_type(self):
+        return self._kind
+
+    def is_user_annotation(self):
+        return self._kind in (1, 2)
+
+    def start_ns(self):
+        return self._start
+
+    def end_ns(self):
+        return self._end
+
+
+class _FakeProfile:
+    def __init__(self, events):
+        self.profiler = type("Inner", (), {"kineto_results": type("Results", (), {"events": lambda _: events})()})()
+
+
+def test_gpu_launches_come_from_the_device_records_in_device_order():
+    cpu, gpu = "CPU", "CUDA"
+    events = [
+        _KinetoEvent("timed", cpu, 1, 0, 1000),  # the host side of a range: not a launch, not the device's span
+        _KinetoEvent("cudaLaunchKernel", cpu, 7, 10, 12),  # a host launch: the table counts device kernels
+        _KinetoEvent("warm-up", gpu, 2, 0, 300),
+        _KinetoEvent("timed", gpu, 2, 300, 900),
+        _KinetoEvent("inner", gpu, 2, 400, 500),  # a range not asked for
+        _KinetoEvent("conv_fprop", gpu, 5, 350, 380),
+        _KinetoEvent("nchwToNhwc", gpu, 5, 310, 320),  # launched through the driver API: no host launch at all
+        _KinetoEvent("Memcpy HtoD (Pageable -> Device)", gpu, 3, 320, 330),
+        _KinetoEvent("bn_fw", gpu, 5, 420, 450),
+        _KinetoEvent("relu", gpu, 5, 100, 104),
+        _KinetoEvent("reduce", gpu, 5, 950, 960),
+    ]
+    table = launch_table(_FakeProfile(events), RANGES, "cuda")
+    assert list(table["kernel"]) == ["relu", "nchwToNhwc", "conv_fprop", "bn_fw", "reduce"]  # device start order
+    assert list(table["range"]) == ["warm-up", "timed", "timed", "timed", "outside"]
+    assert list(table["index"]) == [0, 0, 1, 2, 0] and list(table["time_ns"]) == [4.0, 10.0, 30.0, 30.0, 10.0]

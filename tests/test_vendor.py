@@ -234,3 +234,34 @@ def test_a_run_past_its_time_limit_is_stopped_with_its_children(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail("the profiled program kept running after the time limit")
+
+
+def test_ncu_commands_take_the_selection_and_the_clocks(tmp_path):
+    options = ["--profile-from-start", "off", "--launch-count", "60"]
+    cmd = vendor.build_command("kernel_stats", TARGET, tmp_path, backend="cuda", tool="ncu", check=False,
+                               selection=options, clock_control="none")
+    argv = cmd.argv
+    assert argv[argv.index("--profile-from-start") + 1] == "off" and "--launch-skip" not in argv
+    assert argv[argv.index("--clock-control") + 1] == "none"
+    assert argv[-len(TARGET):] == TARGET
+    with pytest.raises(ValueError, match="not an option"):
+        vendor.build_command("kernel_stats", TARGET, tmp_path, backend="cuda", tool="ncu", check=False,
+                             selection=["--launch-cout", "5"])
+    with pytest.raises(ValueError, match="clock_control"):
+        vendor.build_command("kernel_stats", TARGET, tmp_path, backend="cuda", tool="ncu", check=False,
+                             clock_control="boost")
+
+
+def test_a_fake_ncu_run_is_read_back(tmp_path, monkeypatch):
+    # An ncu stand-in that writes the documented CSV to --log-file, as the notebook's run reads it.
+    sample = DATA / "ncu_details.csv"
+    script = tmp_path / "ncu"
+    script.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do if [ \"$1\" = --log-file ]; then cp "
+                      f"'{sample}' \"$2\"; fi; shift; done\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    cmd = vendor.build_command("kernel_stats", ["true"], tmp_path, backend="cuda", tool="ncu", check=False,
+                               selection=["--profile-from-start", "off", "--launch-count", "2"])
+    cmd.run(timeout_s=30)
+    frame = vendor.read_ncu_csv(cmd.outputs)
+    assert len(frame) > 0 and "gpu__time_duration.sum" in frame

@@ -49,9 +49,6 @@ from tinyllama.course.results import checkout_root
 RAISE_LINE = 'raise NotImplementedError("exercise: write the code the TODO above describes")'
 NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
 EXERCISE_ID = re.compile(r"\d\d\.\d+")
-# Notebooks written before the leak check, whose hints still spell out their answers. Their reworked
-# versions (branches nb06 and nb07) did not yet pass their GPU run (benchmarks/NOTES.md, third session).
-LEGACY_HINTS = frozenset({"06_torch_compile", "07_vendor_profilers"})
 # The import guard at the top of a first code cell, whatever its message says (the generator rewrites it).
 GUARD = re.compile(r"\Atry:\n    from tinyllama import course\nexcept ImportError as error:\n"
                    r"(?:[ \t].*\n)*?[ \t].*\bfrom error[ \t]*(?:\n|\Z)")
@@ -206,14 +203,14 @@ def split_blocks(source: str, markers: _Markers = CODE, where: str = "cell") -> 
     return "\n".join(out), blocks
 
 
-def strip_solutions(source: str, markers: _Markers = CODE, where: str = "cell", check_leaks: bool = True) -> str:
+def strip_solutions(source: str, markers: _Markers = CODE, where: str = "cell") -> str:
     """``source`` with every solution block replaced by its TODO (and, for code, nbval markers removed).
 
-    With ``check_leaks`` (the default) a participant cell that still contains a line of its solution
-    (typically a hint that spells the answer) raises :class:`MarkerError`.
+    A participant cell that still contains a line of its solution (typically a hint that spells the
+    answer) raises :class:`MarkerError`.
     """
     participant, blocks = split_blocks(source, markers, where)
-    if check_leaks and blocks:
+    if blocks:
         outside, inside = [], False
         for line in source.splitlines():
             if markers.begin.match(line):
@@ -266,16 +263,15 @@ def with_course_kernel(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def participant_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
     """The participant's version of a solution notebook (a new object; ``solution`` is unchanged)."""
     nb = with_course_kernel(copy.deepcopy(solution))
-    check_leaks = name.removesuffix(".ipynb") not in LEGACY_HINTS
     exercises(solution, name)  # ids unique and numbered after the notebook
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         if cell.cell_type == "code":
-            cell.source = strip_solutions(cell.source, CODE, where, check_leaks)
+            cell.source = strip_solutions(cell.source, CODE, where)
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":
-            cell.source = strip_solutions(cell.source, MARKDOWN, where, check_leaks)
+            cell.source = strip_solutions(cell.source, MARKDOWN, where)
         for key in ("execution", "collapsed", "scrolled"):
             cell.metadata.pop(key, None)
     # Keep only metadata that does not depend on where the solution was last executed, so that

@@ -29,7 +29,7 @@ _CLASS_RULES: list[tuple[str, str]] = [
     (r"bn_fw|bn_bw|batch_?norm|BatchNorm|BNFwd|BNBwd|MIOpenBatchNorm", BATCH_NORM),
     (r"pool|Pool", POOLING),
     (r"conv|Conv|fprop|dgrad|wgrad|implicit_gemm|gemm|Gemm|GEMM|xmma|cutlass|Cijk_|igemm|winograd|Winograd|"
-     r"wgmma|cublas|aten::(linear|addmm|mm|matmul|bmm)$", CONV_GEMM),
+     r"wgmma|cublas|nvjet|aten::(linear|addmm|mm|matmul|bmm)$", CONV_GEMM),
     (r"elementwise|relu|Relu|add|mul|clamp|sigmoid|silu|gelu|aten::(relu_?|add_?|mul_?|hardtanh_?)$", ELEMENTWISE),
 ]
 
@@ -65,8 +65,12 @@ def class_shares(table: pd.DataFrame, classify=None) -> pd.DataFrame:
 _TENSOR_CORE = re.compile(r"xmma|hmma|HMMA|wgmma|tensorop|s1688|s16816|h1688|h16816|i8816|sm[89]0_|_mfma|MFMA|"
                           r"_MI\d+x\d+|tf32|bf16f16|f16f16", re.IGNORECASE)
 # CUTLASS's "s1688"/"s16816" tensor-op GEMMs take fp32 inputs and multiply them as TF32.
-_PRECISION_TOKENS = [(r"bf16", "bf16"), (r"tf32|tensorop_s\d|s1688|s16816", "tf32"),
-                     (r"f16|fp16|half|h1688|h16816|hgemm|_HHS_|_HSS_", "fp16"), (r"f32|fp32|float|sgemm|_SSS_", "fp32")]
+# MMA shapes name the input format: 16x8x8 with fp32 accumulation (s1688) takes tf32, 16x8x16 (s16816,
+# h16816) takes 16-bit inputs, bf16 where the name says so, else fp16.
+# cuBLAS's nvjet GEMMs name input-compute-output formats: "tst" (tf32), "hsh" (fp16), "bsb" (bf16).
+_PRECISION_TOKENS = [(r"bf16|nvjet_sm\d+_b", "bf16"), (r"tf32|s1688|nvjet_sm\d+_t", "tf32"),
+                     (r"f16|fp16|half|h1688|h16816|s16816|hgemm|_HHS_|_HSS_|nvjet_sm\d+_h", "fp16"),
+                     (r"f32|fp32|float|sgemm|_SSS_", "fp32")]
 
 
 def tensor_core_kernel(name: str) -> bool:

@@ -23,7 +23,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 import torch
@@ -349,8 +349,49 @@ def launch_table(profiler: Any, ranges: Sequence[str], device: torch.device | st
     Columns: ``launch`` (0, 1, ... in order), ``kernel``, ``range``, ``index`` (the launch's number
     within its range) and ``time_ns``.
     """
-    device = dev.get_device(None if device is None else str(device))
+    device = torch.device(device) if device is not None else dev.get_device()
     wanted = set(ranges)
+    if device.type == "cuda":
+        rows = _device_launches(getattr(profiler, "profiler", profiler).kineto_results.events(), wanted)
+    else:
+        rows = _operator_launches(profiler.events(), wanted)
+    frame = pd.DataFrame(sorted(rows, key=lambda row: row[0]), columns=["start", "kernel", "range", "time_ns"])
+    frame = frame.drop(columns="start")
+    frame.insert(0, "launch", range(len(frame)))
+    frame.insert(3, "index", frame.groupby("range").cumcount())
+    return frame
+
+
+# libkineto::ActivityType: a range's copy on the device's timeline, and a kernel.
+_GPU_USER_ANNOTATION, _CONCURRENT_KERNEL = 2, 5
+
+
+def _device_launches(events: Iterable[Any], wanted: set[str]) -> list[tuple]:
+    """Kernels read from the device's own records, each in the innermost wanted range that holds its
+    start on the device's timeline. Not from the host events that launched them: cuDNN launches many
+    kernels through the driver API, whose calls the profiler does not record on the host, so a table
+    built from host launches misses some kernels of every forward and attributes others wrongly."""
+    kernels, spans = [], []
+    for event in events:
+        if str(event.device_type()).endswith("CPU"):
+            continue
+        name = event.name()
+        kind = event.activity_type() if hasattr(event, "activity_type") else None
+        if kind == _GPU_USER_ANNOTATION or (kind is None and event.is_user_annotation()):
+            if name in wanted:
+                spans.append((event.start_ns(), event.end_ns(), name))
+        elif kind == _CONCURRENT_KERNEL or (kind is None and not name.startswith(("Memcpy", "Memset"))):
+            kernels.append((event.start_ns(), name, event.end_ns() - event.start_ns()))
+    rows = []
+    for start, name, duration in kernels:
+        holding = [(end - begin, label) for begin, end, label in spans if begin <= start < end]
+        rows.append((start, name, min(holding)[1] if holding else "outside", float(duration)))
+    return rows
+
+
+def _operator_launches(events: Iterable[Any], wanted: set[str]) -> list[tuple]:
+    """On a CPU: the top-level operator calls inside a wanted range, timed by their CPU time (building
+    the network runs outside the ranges, and launches no kernels on a GPU either)."""
 
     def range_of(event: Any) -> str:
         node = event
@@ -361,30 +402,16 @@ def launch_table(profiler: Any, ranges: Sequence[str], device: torch.device | st
         return "outside"
 
     rows = []
-    for event in profiler.events():
-        if is_device_event(event):
+    for event in events:
+        if is_device_event(event) or row_kind(event.name) != "operator":
             continue
-        if device.type == "cuda":
-            # A host event's kernels, in the order it launched them (the profiler keeps no device start).
-            for order, kernel in enumerate(getattr(event, "kernels", [])):
-                if ((kernel.name == event.name and not is_fused_kernel(kernel.name)) or kernel.name in wanted
-                        or kernel.name.startswith(("Memcpy", "Memset"))):
-                    continue  # the device-side copy of a range, or a copy (not a kernel launch)
-                rows.append(((event.time_range.start, order), kernel.name, range_of(event), kernel.duration * 1e3))
-        elif row_kind(event.name) == "operator":
-            parent = getattr(event, "cpu_parent", None)
-            while parent is not None and row_kind(parent.name) != "operator":
-                parent = getattr(parent, "cpu_parent", None)
-            # Top level (its children are part of its call) and inside a range: work outside the ranges
-            # (building the network) runs on the host of a GPU too, where it launches no kernels.
-            if parent is None and range_of(event) != "outside":
-                rows.append(((event.time_range.start, 0), event.name, range_of(event),
-                             event_time(event, "cpu_time_total") * 1e3))
-    frame = pd.DataFrame(sorted(rows, key=lambda row: row[0]), columns=["start", "kernel", "range", "time_ns"])
-    frame = frame.drop(columns="start")
-    frame.insert(0, "launch", range(len(frame)))
-    frame.insert(3, "index", frame.groupby("range").cumcount())
-    return frame
+        parent = getattr(event, "cpu_parent", None)
+        while parent is not None and row_kind(parent.name) != "operator":
+            parent = getattr(parent, "cpu_parent", None)
+        if parent is None and range_of(event) != "outside":  # its children are part of its call
+            rows.append(((event.time_range.start, 0), event.name, range_of(event),
+                         event_time(event, "cpu_time_total") * 1e3))
+    return rows
 
 
 def profile_steps(

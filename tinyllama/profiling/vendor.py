@@ -1,24 +1,19 @@
 """The vendors' profilers, in one place: which are installed, how to run them, how to read them.
 
 AMD: ``rocprofv3`` (kernel statistics, timeline, counters), ``rocprof-sys`` (system timeline),
-``rocprof-compute`` (hardware counters and the empirical roofline). NVIDIA: ``nsys`` (timeline, kernel
-statistics) and ``ncu`` (hardware counters, roofline). Nothing else in the project names these tools, but
-for the two runs built on them: :mod:`~tinyllama.profiling.ncu_step` (ncu on a known GEMM and a step) and
-:mod:`~tinyllama.profiling.vendor_roofline` (this machine's vendor roofline of a step).
-
-Three jobs:
+``rocprof-compute`` (hardware counters, empirical roofline). NVIDIA: ``nsys`` (timeline, kernel statistics)
+and ``ncu`` (hardware counters, roofline). Nothing else in the project names these tools, but the two runs
+built on them: :mod:`~tinyllama.profiling.ncu_step` and :mod:`~tinyllama.profiling.vendor_roofline`.
 
 - :func:`detect_tools` finds them on ``PATH`` and asks each for its version (a tool that is present
   but fails to start is reported as not working, with its error);
 - :func:`build_command` writes the command line for one of the workshop's runs (``kernel_stats``,
   ``timeline``, ``counters``, ``roofline``) with whichever vendor's tool this machine has, or raises
   :class:`ProfilerNotFoundError` naming the missing tool and what to use instead;
-- the ``read_*`` functions turn the tools' CSV output into pandas DataFrames. Kernel statistics of
-  every tool come out in one shape (:data:`KERNEL_COLUMNS`), so a notebook can compare them.
-
-The formats are the documented ones: rocprofv3 ``--stats`` (``*_kernel_stats.csv``), rocprof-compute's
-``roofline.csv`` and ``pmc_perf.csv``, ``ncu --csv`` (details page, long format, or raw page, wide
-format) and ``nsys stats --format csv`` (``cuda_gpu_kern_sum``).
+- the ``read_*`` functions turn the tools' CSV output into pandas DataFrames, kernel statistics of every
+  tool in one shape (:data:`KERNEL_COLUMNS`): rocprofv3 ``--stats``, rocprof-compute's ``roofline.csv``
+  and ``pmc_perf.csv``, ``ncu --csv`` (details page, long, or raw page, wide) and ``nsys stats --format
+  csv`` (``cuda_gpu_kern_sum``). Kernel names are read in :mod:`~tinyllama.profiling.kernel_names`.
 """
 
 from __future__ import annotations
@@ -38,6 +33,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from tinyllama import device as dev
+from tinyllama.profiling import kernel_names
 
 # --------------------------------------------------------------------------------------------------
 # Detection
@@ -125,12 +121,9 @@ def detect_tool(name: str, timeout_s: float = 30.0) -> ToolInfo:
 
 def detect_tools(names: Iterable[str] | None = None) -> pd.DataFrame:
     """Every vendor profiler the course uses, found or not: one row each, with path and version."""
-    rows = []
-    for name in names or TOOLS:
-        info = detect_tool(name)
-        rows.append({"tool": name, "vendor": info.vendor, "available": info.available, "version": info.version,
-                     "path": info.path, "purpose": TOOLS[name].purpose, "message": info.message})
-    return pd.DataFrame(rows)
+    infos = {name: detect_tool(name) for name in names or TOOLS}
+    return pd.DataFrame([{"tool": name, "vendor": i.vendor, "available": i.available, "version": i.version, "path": i.path,
+                          "purpose": TOOLS[name].purpose, "message": i.message} for name, i in infos.items()])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,6 +244,8 @@ def build_command(
     kernel_regex: str | None = None,
     profiler_range: bool = False,
     metrics: Sequence[str] | None = None,
+    selection: Sequence[str] | None = None,
+    clock_control: str | None = None,
     tools: dict[str, ToolInfo] | None = None,
 ) -> ProfilerCommand:
     """The command line that profiles ``target`` (an argv, e.g. ``["python", "-m", "tinyllama.bench",
@@ -262,7 +257,10 @@ def build_command(
     (to show it on a machine without the tool). ``launch_skip``/``launch_count``/``kernel_regex`` limit
     ncu to a few kernels (it replays each one many times); ``profiler_range`` profiles only between
     ``torch.cuda.profiler.start()`` and ``stop()``; ``metrics`` replaces ncu's default metric list
-    (:data:`NCU_ROOFLINE_METRICS` + :data:`NCU_TENSOR_METRICS` for the roofline).
+    (:data:`NCU_ROOFLINE_METRICS` + :data:`NCU_TENSOR_METRICS` for the roofline); ``selection``
+    replaces ncu's launch options by yours (e.g. ``["--profile-from-start", "off", "--launch-count",
+    "60"]``, checked by :func:`kernel_names.parse_ncu_selection`); ``clock_control`` (``"base"``, ncu's
+    default, or ``"none"``) sets the clocks of an ncu ``kernel_stats`` run (the roofline runs at ``"none"``).
     """
     if task not in TASKS:
         raise ValueError(f"unknown profiling task {task!r}: choose one of {', '.join(TASKS)}")
@@ -288,8 +286,11 @@ def build_command(
     target = list(target)
     builder = {"rocprofv3": _rocprofv3, "rocprof-sys": _rocprof_sys, "rocprof-compute": _rocprof_compute,
                "nsys": _nsys, "ncu": _ncu}[chosen]
+    if clock_control not in (None, "base", "none"):
+        raise ValueError(f"clock_control must be 'base' (ncu's default) or 'none', not {clock_control!r}")
     return builder(task, target, out, name, launch_skip=launch_skip, launch_count=launch_count,
-                   kernel_regex=kernel_regex, profiler_range=profiler_range, metrics=metrics)
+                   kernel_regex=kernel_regex, profiler_range=profiler_range, metrics=metrics,
+                   selection=selection, clock_control=clock_control)
 
 
 def _rocprofv3(task: str, target: list[str], out: Path, name: str, **_: object) -> ProfilerCommand:
@@ -349,15 +350,19 @@ def _nsys(task: str, target: list[str], out: Path, name: str, *, profiler_range:
 
 def _ncu(task: str, target: list[str], out: Path, name: str, *, launch_skip: int = 0, launch_count: int = 50,
          kernel_regex: str | None = None, profiler_range: bool = False, metrics: Sequence[str] | None = None,
-         **_: object) -> ProfilerCommand:
+         selection: Sequence[str] | None = None, clock_control: str | None = None, **_: object) -> ProfilerCommand:
     csv_path = out / f"{name}_ncu_{task}.csv"
-    argv = ["ncu", "--csv", "--print-units", "base", "--log-file", str(csv_path),
-            "--launch-skip", str(launch_skip), "--launch-count", str(launch_count)]
-    if profiler_range:
-        argv += ["--profile-from-start", "off"]
+    argv = ["ncu", "--csv", "--print-units", "base", "--log-file", str(csv_path)]
+    if selection is not None:
+        kernel_names.parse_ncu_selection(selection)  # a clear error for an option ncu would reject, before it runs
+        argv += list(selection)
+    else:
+        argv += ["--launch-skip", str(launch_skip), "--launch-count", str(launch_count)]
+        argv += ["--profile-from-start", "off"] if profiler_range else []
     if kernel_regex:
         argv += ["--kernel-name", f"regex:{kernel_regex}"]
     if task == "kernel_stats":
+        argv += ["--clock-control", clock_control] if clock_control else []
         argv += ["--metrics", ",".join(metrics or ["gpu__time_duration.sum"])]
     elif task == "roofline":
         # Real clocks (ncu locks them to base by default), so durations match an unprofiled run.
