@@ -6,6 +6,8 @@ cross block boundaries: the interpreter uses 16- and 32-wide blocks); with a GPU
 compiled at the workshop's shapes.
 """
 
+import importlib
+
 import pytest
 import torch
 
@@ -160,3 +162,21 @@ def test_tensor_descriptors_only_where_the_device_and_the_strides_allow(monkeypa
     assert not use_tensor_descriptors(x, wide[1:].view(2, 4, 33, 16))  # starts 4 bytes off
     assert not use_tensor_descriptors(torch.randn(2, 4, 33, 19)[..., :16])  # rows 76 bytes apart
     assert not use_tensor_descriptors(x.transpose(-1, -2))  # last stride not 1
+
+
+def test_warp_specialized_candidates_need_tensor_descriptors(monkeypatch):
+    """A warp-specialized tile is only tried where the tiles come through descriptors (Triton
+    specializes the loads' warps on TMA copies); fp32 inputs never get 16-bit tiles."""
+    fa = importlib.import_module("tinyllama.kernels.flash_attention")
+    tiles = [fa._Tile(128, 64, 8, 3), fa._Tile(128, 64, 8, 3, ws=True), fa._Tile(32, 16, 4, 2, fp32=True)]
+    made = [t.config() for t in tiles]
+    for tile, config in zip(tiles, made):
+        monkeypatch.setitem(fa._TILES, id(config), tile)
+
+    def kept(dtype, tma):
+        args = {"Q": torch.empty(1, dtype=dtype), "N_CTX": 1000}
+        return [(c.kwargs["BLOCK_M"], c.kwargs["WS"]) for c in fa._prune(made, args, HEAD_DIM=128, TMA=tma)]
+
+    assert kept(torch.bfloat16, tma=False) == [(128, False)]
+    assert kept(torch.bfloat16, tma=True) == [(128, False), (128, True)]
+    assert kept(torch.float32, tma=True) == [(32, False)]

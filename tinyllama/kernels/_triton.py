@@ -96,8 +96,16 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 # None: decide per device (``use_tensor_descriptors``); True or False: force it (tests set True under
 # the interpreter, which executes descriptors too, to check the descriptor code path on a CPU).
-TENSOR_DESCRIPTORS: bool | None = None
+# TINYLLAMA_TENSOR_DESCRIPTORS=0 (or 1) set before the import does the same from the shell, so that
+# the kernel bench can compare both paths: ``TINYLLAMA_TENSOR_DESCRIPTORS=0 python -m tinyllama.kernels.bench``.
+TENSOR_DESCRIPTORS: bool | None = {"0": False, "1": True}.get(os.environ.get("TINYLLAMA_TENSOR_DESCRIPTORS", ""))
 _TMA_DEVICES: dict[object, bool] = {}
+
+# Warp-specialized loops (``tl.range(..., warp_specialize=True)``: producer warps issue the loads,
+# consumer warps the products) as extra autotuning candidates, only with TINYLLAMA_WARP_SPECIALIZE=1:
+# they double the compile time of a first call and were not yet measured faster on Hopper with the
+# Triton this course pins (3.6; its tutorial enables them on Blackwell only).
+WARP_SPECIALIZE: bool = os.environ.get("TINYLLAMA_WARP_SPECIALIZE", "0") == "1" and not INTERPRET
 
 
 def use_tensor_descriptors(*tensors: torch.Tensor) -> bool:

@@ -9,11 +9,17 @@ only the blocks on the diagonal (causal) or past the end of the sequence are mas
 saves the log-sum-exp of every row, ``lse = log(sum_j exp(s_ij))``, which is all the backward needs to
 rebuild the probabilities ``p_ij = exp(s_ij - lse_i)`` block by block.
 
-Backward, with ``delta_i = sum_d dO_id * O_id`` (a small pre-pass):
+Backward, with ``delta_i = sum_d dO_id * O_id``:
 ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - delta)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``.
-Two kernels, as in the Triton tutorial: one program per key block accumulates dK and dV over all
-queries (and over every query head that shares this key/value head), one program per query block
-accumulates dQ. Neither needs atomics.
+Two kernels, as in the Triton tutorial: one program per query block accumulates dQ (and computes
+delta for its rows first: it reads dO anyway, so no pre-pass launch), then one program per key block
+accumulates dK and dV over all queries (and over every query head that shares this key/value head).
+Neither needs atomics.
+
+On a GPU with a Tensor Memory Accelerator (NVIDIA Hopper and later) the kernels read and write their
+(rows, head_dim) tiles through tensor descriptors (``TMA``), which the copy engine serves without
+address arithmetic in the threads; elsewhere (AMD, older GPUs, the interpreter) through pointers. The
+two paths compute the same values (see ``tinyllama.kernels._triton.use_tensor_descriptors``).
 
 Grouped-query attention: query head ``h`` reads key/value head ``h // (heads // kv_heads)`` by index;
 K and V are never copied per query head. Tensors may have any batch, head and sequence strides (the
@@ -25,7 +31,7 @@ order, so that merging the heads afterwards is a free view.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +40,8 @@ import triton.language as tl
 
 from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
-    MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, ensure_descriptor_memory, launcher, load_rows, mma,
-    pipeline_stages, row_tiles, store_rows, unit_last_stride, upcast_dots, use_tensor_descriptors,
+    MAX_GRID_Y, WARP_SPECIALIZE, autotune, check_tensors, configs, dot_precision, ensure_descriptor_memory, launcher,
+    load_rows, mma, pipeline_stages, row_tiles, store_rows, unit_last_stride, upcast_dots, use_tensor_descriptors,
 )
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -44,11 +50,15 @@ HEAD_DIMS = (16, 32, 64, 128)
 # ------------------------------------------------------------------------------------------------
 # Autotuning candidates. BLOCK_M must be a multiple of BLOCK_N in the forward and the dQ kernel (and
 # the reverse in the dK/dV kernel), so that the diagonal band is a whole number of inner steps.
-# The 16-bit candidates compile for sm_90 (Triton 3.8) without spilling registers at the head
-# dimensions they are allowed for. fp32 tiles hold twice the bytes and fp32 products do not use
-# tensor cores, so fp32 inputs get their own small candidates (correct, not fast: fp32 attention
-# is there to check the model against V1, bf16 is for speed).
-# Few candidates on purpose: each is compiled (seconds) and timed on first use of a shape.
+# Hopper-sized 16-bit tiles (128-row query blocks, 8 warps, 3-5 stages; the Triton tutorial's dK/dV
+# tile of 128 keys x 32 queries). Register use, read from ptxas for sm_90a (Triton 3.8, see
+# benchmarks/2026-11-23e_h200_flash_attention.md): at head_dim 128 the dK/dV kernel holds two
+# (BLOCK_N x 128) fp32 accumulators and is at the 255-register limit; the tiles that spill there by
+# hundreds of bytes or more are offered up to head_dim 64 only. Pointer loads cost more registers
+# than tensor-descriptor loads (the addresses of a whole tile), up to spilling where TMA does not.
+# fp32 tiles hold twice the bytes and fp32 products do not use tensor cores, so fp32 inputs get their
+# own small candidates (correct, not fast: fp32 attention is there to check the model against V1,
+# bf16 is for speed). Few candidates on purpose: each is compiled (seconds) and timed on first use.
 # ------------------------------------------------------------------------------------------------
 
 
@@ -58,12 +68,13 @@ class _Tile:
     block_n: int
     warps: int
     stages: int
+    ws: bool = False  # warp-specialized inner loops (only with tensor descriptors)
     max_head_dim: int = 128
     fp32: bool = False  # a candidate for fp32 inputs (else for 16-bit inputs)
 
     def config(self) -> triton.Config:
-        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}, num_warps=self.warps,
-                             num_stages=pipeline_stages(self.stages))
+        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "WS": self.ws},
+                             num_warps=self.warps, num_stages=pipeline_stages(self.stages))
 
 
 _TILES: dict[int, _Tile] = {}  # id(config) -> the tile it was made from, for pruning
@@ -78,15 +89,23 @@ def _configs(tiles: list[_Tile], interpreter: _Tile) -> list[triton.Config]:
     return configs(made, interpreter.config())
 
 
-_FWD = _configs([_Tile(128, 128, 8, 3), _Tile(128, 64, 8, 3), _Tile(128, 64, 8, 4), _Tile(128, 32, 8, 3),
-                 _Tile(64, 64, 4, 3), _Tile(64, 32, 4, 4),
-                 _Tile(32, 16, 4, 2, fp32=True), _Tile(32, 32, 8, 2, fp32=True)], _Tile(32, 16, 4, 1))
-_DKDV = _configs([_Tile(32, 128, 4, 5), _Tile(32, 128, 8, 3), _Tile(64, 128, 8, 2), _Tile(16, 128, 8, 3),
-                  _Tile(32, 64, 8, 3), _Tile(16, 64, 8, 3),
-                  _Tile(16, 16, 4, 2, fp32=True), _Tile(16, 32, 8, 2, fp32=True)], _Tile(16, 32, 4, 1))
-_DQ = _configs([_Tile(128, 32, 4, 5), _Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3), _Tile(64, 64, 8, 3),
-                _Tile(64, 32, 4, 3),
-                _Tile(16, 16, 4, 2, fp32=True), _Tile(32, 16, 4, 2, fp32=True)], _Tile(32, 16, 4, 1))
+# Warp-specialized variants (``ws``) of the 8-warp tiles join only with TINYLLAMA_WARP_SPECIALIZE=1
+# (Triton 3.8 fails to warp-specialize the 4-warp tiles for sm_90 with an error the autotuner does not
+# catch; see ``WARP_SPECIALIZE``).
+def _with_ws(tiles: list[_Tile]) -> list[_Tile]:
+    extra = [replace(t, ws=True) for t in tiles if t.warps == 8 and not t.fp32]
+    return tiles + extra if WARP_SPECIALIZE else tiles
+
+
+_FWD = _configs(_with_ws([_Tile(128, 128, 8, 3), _Tile(128, 64, 8, 3), _Tile(128, 64, 8, 4), _Tile(64, 64, 4, 3),
+                          _Tile(64, 32, 4, 4),
+                          _Tile(32, 16, 4, 2, fp32=True), _Tile(32, 32, 8, 2, fp32=True)]), _Tile(32, 16, 4, 1))
+_DKDV = _configs(_with_ws([_Tile(32, 128, 4, 5, max_head_dim=64), _Tile(64, 128, 8, 2, max_head_dim=64),
+                           _Tile(32, 128, 8, 3), _Tile(16, 128, 8, 3), _Tile(32, 64, 8, 3), _Tile(16, 64, 8, 3),
+                           _Tile(16, 16, 4, 2, fp32=True), _Tile(16, 32, 8, 2, fp32=True)]), _Tile(16, 32, 4, 1))
+_DQ = _configs(_with_ws([_Tile(128, 32, 4, 5, max_head_dim=64), _Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3),
+                         _Tile(64, 64, 8, 3), _Tile(64, 32, 4, 3),
+                         _Tile(16, 16, 4, 2, fp32=True), _Tile(32, 16, 4, 2, fp32=True)]), _Tile(32, 16, 4, 1))
 
 
 def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -98,22 +117,26 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
         tile = _TILES.get(id(config))
         if tile is None:  # the interpreter's single candidate
             return configs_
-        if tile.fp32 == fp32 and kwargs["HEAD_DIM"] <= tile.max_head_dim and max(tile.block_m, tile.block_n) <= max(64, seq):
+        if (tile.fp32 == fp32 and kwargs["HEAD_DIM"] <= tile.max_head_dim and (kwargs["TMA"] or not tile.ws)
+                and max(tile.block_m, tile.block_n) <= max(64, seq)):
             kept.append(config)
-    return kept or [c for c in configs_ if _TILES[id(c)].fp32 == fp32][-1:]
+    return kept or [c for c in configs_ if _TILES[id(c)].fp32 == fp32 and not _TILES[id(c)].ws][-1:]
 
 
-_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "GROUPS", "TMA"]
+# The batch size Z is in the key (and passed, unused, to the kernels) because the best tile depends
+# on how many programs fill the GPU: tuned on one sequence of one head, a tile would be chosen for
+# a launch a few dozen programs wide.
+_KEY = ["Z", "N_CTX", "HEAD_DIM", "CAUSAL", "GROUPS", "TMA"]
 # Sizes vary from call to call; compiling a variant for each (Triton specialises integers equal to
 # 1 or divisible by 16) would cost seconds each time for no gain.
-_DYNAMIC = ["H", "N_CTX", "GROUPS"]
+_DYNAMIC = ["H", "N_CTX", "GROUPS", "Z"]
 
 
 # ------------------------------------------------------------------------------------------------
 # Forward
 # ------------------------------------------------------------------------------------------------
 
-LOG2E: tl.constexpr = 1.4426950408889634  # scores go to base 2: exp2 is one instruction
+LOG2E = tl.constexpr(1.4426950408889634)  # scores go to base 2: exp2 is one instruction
 
 
 @triton.jit
@@ -150,7 +173,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, lo,
 def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                     H, N_CTX, GROUPS,
+                     H, N_CTX, GROUPS, Z,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                      UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -230,7 +253,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                          H, N_CTX, GROUPS,
+                          H, N_CTX, GROUPS, Z,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                           UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -307,7 +330,7 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sm_scale,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                         stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
-                        H, N_CTX, GROUPS,
+                        H, N_CTX, GROUPS, Z,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                         UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -386,20 +409,16 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"flash_attention: batch x heads = {b * h} exceeds {MAX_GRID_Y}; split the batch")
 
 
-# Automatic warp specialization of the inner loops (``tl.range(..., warp_specialize=True)``): off
-# unless measured faster on the device (see benchmarks/NOTES.md).
-WARP_SPECIALIZE = False
-
-
 def _meta(causal: bool, *tensors: torch.Tensor) -> dict:
     """The launch's constexprs; ``TMA``: read tiles through tensor descriptors where the device and
-    every tensor allow it (``use_tensor_descriptors``)."""
+    every tensor allow it (``use_tensor_descriptors``). The tile and ``WS`` (warp-specialized loops,
+    a candidate only with descriptors) come from the autotuner."""
     q = tensors[0]
     tma = use_tensor_descriptors(*tensors)
     if tma:
         ensure_descriptor_memory()
     return {"HEAD_DIM": q.shape[-1], "CAUSAL": causal, "PRECISION": dot_precision(q.dtype),
-            "UPCAST": upcast_dots(q.dtype), "TMA": tma, "WS": tma and WARP_SPECIALIZE}
+            "UPCAST": upcast_dots(q.dtype), "TMA": tma}
 
 
 def flash_attention_forward(
@@ -417,7 +436,7 @@ def flash_attention_forward(
     if out.numel():
         grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
         _attn_fwd_kernel(grid, q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
-                         heads, seq, groups, **_meta(causal, q, k, v, out))
+                         heads, seq, groups, batch, **_meta(causal, q, k, v, out))
     return out, lse
 
 
@@ -442,10 +461,10 @@ def flash_attention_backward(
     meta = _meta(causal, q, k, v, out, dout, dq, dk, dv)
     grid_q = lambda m: (triton.cdiv(seq, m["BLOCK_M"]), batch * heads)  # noqa: E731
     _attn_bwd_dq_kernel(grid_q, q, k, v, out, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
-                        *_bhsd(out), *_bhsd(dout), *_bhsd(dq), heads, seq, groups, **meta)
+                        *_bhsd(out), *_bhsd(dout), *_bhsd(dq), heads, seq, groups, batch, **meta)
     grid_kv = lambda m: (triton.cdiv(seq, m["BLOCK_N"]), batch * kv_heads)  # noqa: E731
     _attn_bwd_dkdv_kernel(grid_kv, q, k, v, dout, lse, delta, dk, dv, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
-                          *_bhsd(dout), *_bhsd(dk), *_bhsd(dv), heads, seq, groups, **meta)
+                          *_bhsd(dout), *_bhsd(dk), *_bhsd(dv), heads, seq, groups, batch, **meta)
     return dq, dk, dv
 
 
