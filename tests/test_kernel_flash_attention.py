@@ -154,6 +154,7 @@ def test_tensor_descriptors_only_where_the_device_and_the_strides_allow(monkeypa
     anything else must go to the pointer loads. A device without TMA never gets descriptors."""
     x = torch.randn(2, 4, 33, 16)
     assert not dev.has_tensor_memory_accelerator("cpu")
+    monkeypatch.setattr(_triton, "TENSOR_DESCRIPTORS", None)  # decide, as by default
     monkeypatch.setattr(_triton, "_TMA_DEVICES", {x.device: False})
     assert not use_tensor_descriptors(x)
     monkeypatch.setattr(_triton, "_TMA_DEVICES", {x.device: True})
