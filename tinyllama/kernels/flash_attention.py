@@ -411,8 +411,9 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def _meta(causal: bool, *tensors: torch.Tensor) -> dict:
     """The launch's constexprs; ``TMA``: read tiles through tensor descriptors where the device and
-    every tensor allow it (``use_tensor_descriptors``). The tile and ``WS`` (warp-specialized loops,
-    a candidate only with descriptors) come from the autotuner."""
+    every tensor allow it (``use_tensor_descriptors``; the outputs this module allocates always do,
+    so only the caller's tensors are passed). The tile and ``WS`` (warp-specialized loops, a
+    candidate only with descriptors) come from the autotuner."""
     q = tensors[0]
     tma = use_tensor_descriptors(*tensors)
     if tma:
@@ -436,7 +437,7 @@ def flash_attention_forward(
     if out.numel():
         grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
         _attn_fwd_kernel(grid, q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
-                         heads, seq, groups, batch, **_meta(causal, q, k, v, out))
+                         heads, seq, groups, batch, **_meta(causal, q, k, v))
     return out, lse
 
 
@@ -458,7 +459,7 @@ def flash_attention_backward(
     if not dq.numel():
         return dq, dk, dv
     delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel
-    meta = _meta(causal, q, k, v, out, dout, dq, dk, dv)
+    meta = _meta(causal, q, k, v, out, dout)
     grid_q = lambda m: (triton.cdiv(seq, m["BLOCK_M"]), batch * heads)  # noqa: E731
     _attn_bwd_dq_kernel(grid_q, q, k, v, out, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
                         *_bhsd(out), *_bhsd(dout), *_bhsd(dq), heads, seq, groups, batch, **meta)
