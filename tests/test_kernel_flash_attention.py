@@ -6,13 +6,16 @@ cross block boundaries: the interpreter uses 16- and 32-wide blocks); with a GPU
 compiled at the workshop's shapes.
 """
 
+import importlib
+
 import pytest
 import torch
 
 from conftest import DEVICE
 
-from tinyllama.kernels import KernelMismatch, flash_attention, flash_attention_reference
-from tinyllama.kernels._triton import compare_with_reference, max_relative_error
+from tinyllama import device as dev
+from tinyllama.kernels import KernelMismatch, _triton, flash_attention, flash_attention_reference
+from tinyllama.kernels._triton import compare_with_reference, max_relative_error, use_tensor_descriptors
 from tinyllama.kernels.flash_attention import flash_attention_forward, log_sum_exp_reference
 
 # (batch, heads, kv_heads, seq, head_dim)
@@ -125,3 +128,56 @@ def test_bad_inputs_give_a_clear_error():
         flash_attention(x, x, x)
     with pytest.raises(ValueError, match="4-D"):
         flash_attention(q[0], q[0], q[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# The tensor-descriptor (TMA) path: the same kernels reading their tiles through descriptors
+# ------------------------------------------------------------------------------------------------
+
+needs_descriptors = pytest.mark.skipif(DEVICE == "cuda" and not dev.has_tensor_memory_accelerator(DEVICE),
+                                       reason="this GPU has no tensor memory accelerator")
+
+
+@needs_descriptors
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SHAPES[1:3], ids=str)
+def test_tensor_descriptor_path_matches_the_reference(monkeypatch, shape, causal):
+    """Forced on (the interpreter executes descriptors too): rows past the end of the sequence must
+    read as zeros and never be written, the grouped key/value heads must be found by index."""
+    monkeypatch.setattr(_triton, "TENSOR_DESCRIPTORS", True)
+    q, k, v = _qkv(shape, torch.float32, seed=14)
+    compare_with_reference(flash_attention, flash_attention_reference, [q, k, v], ["q", "k", "v"], causal=causal)
+
+
+def test_tensor_descriptors_only_where_the_device_and_the_strides_allow(monkeypatch):
+    """TMA addresses 16-byte aligned memory with 16-byte multiple strides and a unit last stride;
+    anything else must go to the pointer loads. A device without TMA never gets descriptors."""
+    x = torch.randn(2, 4, 33, 16)
+    assert not dev.has_tensor_memory_accelerator("cpu")
+    monkeypatch.setattr(_triton, "TENSOR_DESCRIPTORS", None)  # decide, as TINYLLAMA_TENSOR_DESCRIPTORS=auto does
+    monkeypatch.setattr(_triton, "_TMA_DEVICES", {x.device: False})
+    assert not use_tensor_descriptors(x)
+    monkeypatch.setattr(_triton, "_TMA_DEVICES", {x.device: True})
+    assert use_tensor_descriptors(x, x.transpose(1, 2))  # any strides that are 16-byte multiples
+    wide = torch.randn(2 * 4 * 33 * 16 + 1)
+    assert not use_tensor_descriptors(x, wide[1:].view(2, 4, 33, 16))  # starts 4 bytes off
+    assert not use_tensor_descriptors(torch.randn(2, 4, 33, 19)[..., :16])  # rows 76 bytes apart
+    assert not use_tensor_descriptors(x.transpose(-1, -2))  # last stride not 1
+
+
+def test_warp_specialized_candidates_need_tensor_descriptors(monkeypatch):
+    """A warp-specialized tile is only tried where the tiles come through descriptors (Triton
+    specializes the loads' warps on TMA copies); fp32 inputs never get 16-bit tiles."""
+    fa = importlib.import_module("tinyllama.kernels.flash_attention")
+    tiles = [fa._Tile(128, 64, 8, 3), fa._Tile(128, 64, 8, 3, ws=True), fa._Tile(32, 16, 4, 2, fp32=True)]
+    made = [t.config() for t in tiles]
+    for tile, config in zip(tiles, made):
+        monkeypatch.setitem(fa._TILES, id(config), tile)
+
+    def kept(dtype, tma):
+        args = {"Q": torch.empty(1, dtype=dtype), "N_CTX": 1000}
+        return [(c.kwargs["BLOCK_M"], c.kwargs["WS"]) for c in fa._prune(made, args, HEAD_DIM=128, TMA=tma)]
+
+    assert kept(torch.bfloat16, tma=False) == [(128, False)]
+    assert kept(torch.bfloat16, tma=True) == [(128, False), (128, True)]
+    assert kept(torch.float32, tma=True) == [(32, False)]

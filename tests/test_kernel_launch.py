@@ -48,7 +48,6 @@ def watched(monkeypatch):
                     return _original(*args, **kwargs)
 
                 monkeypatch.setattr(tuner, method, counting)
-    monkeypatch.setattr(fa._bwd_preprocess_kernel, "cache", {})
     return calls
 
 
@@ -137,8 +136,6 @@ def test_every_kernel_is_tuned_once_per_key_and_keeps_its_results(watched, name)
         for launcher in TUNED[name]:
             keys = 2 if name == "rope" else 1  # the rope kernel runs forward and backward (INVERSE)
             assert _runs(watched, launcher.name) == keys, f"{launcher.name}: autotuner entered on call {call}"
-    if name == "flash_attention":
-        assert len(fa._bwd_preprocess_kernel.cache) == 1
 
 
 def test_the_launcher_gives_what_a_plain_triton_launch_gives():

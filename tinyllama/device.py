@@ -52,6 +52,15 @@ def get_device(name: str | None = None) -> torch.device:
     return device
 
 
+def has_tensor_memory_accelerator(device: torch.device | str | None = None) -> bool:
+    """Whether ``device`` has NVIDIA's Tensor Memory Accelerator (TMA: Hopper, compute capability 9.0,
+    and later), the copy engine behind Triton's tensor descriptors. AMD GPUs and the CPU have none."""
+    device = get_device(device if device is None else str(device))
+    if device.type != "cuda" or backend() != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def device_name(device: torch.device | str | None = None) -> str:
     """A human-readable name: the GPU's marketing name, or the CPU model from /proc/cpuinfo."""
     device = get_device(device if device is None else str(device))

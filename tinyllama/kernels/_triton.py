@@ -90,6 +90,99 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
+# ------------------------------------------------------------------------------------------------
+# Tensor descriptors: tiles of a (rows, width) matrix read by the Tensor Memory Accelerator (TMA)
+# ------------------------------------------------------------------------------------------------
+
+# False (the default): pointer loads everywhere. On an H200 with Triton 3.6 the descriptor path of the
+# flash attention was slower than pointer loads, 0.60-0.65x of cuDNN's SDPA against 0.67-0.70x
+# (benchmarks/2026-11-23e_h200_flash_attention.md), so it is opt-in:
+# TINYLLAMA_TENSOR_DESCRIPTORS=auto decides per device and tensors (``use_tensor_descriptors``), =1
+# forces descriptors (tests do so under the interpreter, which executes them too), =0 is the default.
+TENSOR_DESCRIPTORS: bool | None = {"1": True, "auto": None}.get(os.environ.get("TINYLLAMA_TENSOR_DESCRIPTORS", ""),
+                                                                False)
+_TMA_DEVICES: dict[object, bool] = {}
+
+# Warp-specialized loops (``tl.range(..., warp_specialize=True)``: producer warps issue the loads,
+# consumer warps the products) as extra autotuning candidates, only with TINYLLAMA_WARP_SPECIALIZE=1:
+# they double the compile time of a first call and were not yet measured faster on Hopper with the
+# Triton this course pins (3.6; its tutorial enables them on Blackwell only).
+WARP_SPECIALIZE: bool = os.environ.get("TINYLLAMA_WARP_SPECIALIZE", "0") == "1" and not INTERPRET
+
+
+def use_tensor_descriptors(*tensors: torch.Tensor) -> bool:
+    """Whether kernels should read these tensors' tiles through tensor descriptors (TMA loads): on a
+    GPU with TMA (``tinyllama.device``), with a Triton that builds descriptors inside a kernel
+    (``tl.make_tensor_descriptor``, Triton >= 3.4), and only where TMA can address the tensors: start
+    16-byte aligned, every stride but the last a multiple of 16 bytes, unit last stride. Elsewhere
+    (AMD, older GPUs, the interpreter, odd strides) the kernels use pointer loads: same results."""
+    if TENSOR_DESCRIPTORS is not None:
+        return TENSOR_DESCRIPTORS
+    first = tensors[0]
+    ok = _TMA_DEVICES.get(first.device)
+    if ok is None:
+        ok = (not INTERPRET and hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+              and dev.has_tensor_memory_accelerator(first.device))
+        _TMA_DEVICES[first.device] = ok
+    if not ok:
+        return False
+    for t in tensors:
+        size = t.element_size()
+        strides = t.stride()
+        if t.data_ptr() % 16 or strides[-1] != 1 or any(s * size % 16 for s in strides[:-1]):
+            return False
+    return True
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_descriptor_memory() -> None:
+    """Give Triton an allocator for the descriptors a kernel builds (128 bytes of device memory per
+    program), unless one is set. Triton keeps it in a context variable, which a new thread does not
+    inherit (autograd runs backwards in its own threads): call this before each launch that uses
+    descriptors, it costs a lookup."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+@triton.jit
+def row_tiles(base, stride_row, N_ROWS, ROWS: tl.constexpr, WIDTH: tl.constexpr, TMA: tl.constexpr):
+    """What ``load_rows`` / ``store_rows`` read from: a descriptor of the (N_ROWS, WIDTH) matrix at
+    ``base`` (row stride ``stride_row``, unit column stride) in tiles of ``ROWS`` rows, or ``base``
+    itself for pointer loads. Made once per program, outside the loops that use it."""
+    if TMA:
+        return tl.make_tensor_descriptor(base, shape=[N_ROWS, WIDTH], strides=[stride_row, 1],
+                                         block_shape=[ROWS, WIDTH])
+    else:
+        return base
+
+
+@triton.jit
+def load_rows(src, stride_row, start, N_ROWS, ROWS: tl.constexpr, WIDTH: tl.constexpr, TMA: tl.constexpr):
+    """Rows ``[start, start + ROWS)`` of a ``row_tiles`` matrix; rows past ``N_ROWS`` read as zero."""
+    if TMA:
+        return src.load([start, 0])
+    else:
+        rows = start + tl.arange(0, ROWS)
+        return tl.load(src + rows[:, None] * stride_row + tl.arange(0, WIDTH)[None, :],
+                       mask=(rows < N_ROWS)[:, None], other=0.0)
+
+
+@triton.jit
+def store_rows(dst, stride_row, start, N_ROWS, value, ROWS: tl.constexpr, WIDTH: tl.constexpr, TMA: tl.constexpr):
+    """Write ``value`` to rows ``[start, start + ROWS)``; rows past ``N_ROWS`` are not written."""
+    if TMA:
+        dst.store([start, 0], value)
+    else:
+        rows = start + tl.arange(0, ROWS)
+        tl.store(dst + rows[:, None] * stride_row + tl.arange(0, WIDTH)[None, :], value,
+                 mask=(rows < N_ROWS)[:, None])
+
+
 def check_tensors(kernel: str, *tensors: torch.Tensor) -> None:
     """Raise a short ``ValueError`` or ``RuntimeError`` unless the tensors can go to a Triton kernel:
     floating point of a supported type, all on one device, and a device Triton can run on."""

@@ -326,6 +326,16 @@ def measure_kernel_ceilings(dtypes: Sequence[str], device: torch.device) -> dict
     return out
 
 
+def _kernel_options() -> dict[str, Any]:
+    """The switches that change which kernel code runs (``tinyllama.kernels._triton``), stamped on
+    every row so that runs with different settings can share one record file."""
+    from tinyllama.kernels import _triton
+
+    forced = _triton.TENSOR_DESCRIPTORS
+    return {"tensor_descriptors": "auto" if forced is None else str(forced).lower(),
+            "warp_specialize": _triton.WARP_SPECIALIZE}
+
+
 def _check(case: KernelCase, device: torch.device, seed: int) -> float:
     """Largest relative error of the Triton kernel against the reference on fresh inputs (batch 1,
     so that the reference's fp32 intermediates fit); raises ``KernelMismatch``."""
@@ -364,7 +374,8 @@ def run_kernel_bench(
     config = make_config(preset, max_seq_len=max([chosen.model.max_seq_len, *seq_lens]))
     ceilings = ceilings or measure_kernel_ceilings(dtypes, device)
     stamp = {"device": dev.device_name(device), "date": _dt.date.today().isoformat(), "preset": preset,
-             "torch": torch.__version__, "triton": dev.environment_summary(device).get("triton")}
+             "torch": torch.__version__, "triton": dev.environment_summary(device).get("triton"),
+             **_kernel_options()}
 
     todo = [(k, d, s) for k in kernels for d in dtypes for s in seq_lens]
     rows: list[dict[str, Any]] = []

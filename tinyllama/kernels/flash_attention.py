@@ -9,11 +9,17 @@ only the blocks on the diagonal (causal) or past the end of the sequence are mas
 saves the log-sum-exp of every row, ``lse = log(sum_j exp(s_ij))``, which is all the backward needs to
 rebuild the probabilities ``p_ij = exp(s_ij - lse_i)`` block by block.
 
-Backward, with ``delta_i = sum_d dO_id * O_id`` (a small pre-pass):
+Backward, with ``delta_i = sum_d dO_id * O_id``:
 ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - delta)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``.
-Two kernels, as in the Triton tutorial: one program per key block accumulates dK and dV over all
-queries (and over every query head that shares this key/value head), one program per query block
-accumulates dQ. Neither needs atomics.
+Two kernels, as in the Triton tutorial: one program per query block accumulates dQ (and computes
+delta for its rows first: it reads dO anyway, so no pre-pass launch), then one program per key block
+accumulates dK and dV over all queries (and over every query head that shares this key/value head).
+Neither needs atomics.
+
+On a GPU with a Tensor Memory Accelerator (NVIDIA Hopper and later) the kernels read and write their
+(rows, head_dim) tiles through tensor descriptors (``TMA``), which the copy engine serves without
+address arithmetic in the threads; elsewhere (AMD, older GPUs, the interpreter) through pointers. The
+two paths compute the same values (see ``tinyllama.kernels._triton.use_tensor_descriptors``).
 
 Grouped-query attention: query head ``h`` reads key/value head ``h // (heads // kv_heads)`` by index;
 K and V are never copied per query head. Tensors may have any batch, head and sequence strides (the
@@ -25,7 +31,7 @@ order, so that merging the heads afterwards is a free view.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +40,8 @@ import triton.language as tl
 
 from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
-    MAX_GRID_Y, autotune, check_tensors, configs, dot_precision, launcher, mma, pipeline_stages, unit_last_stride,
-    upcast_dots,
+    MAX_GRID_Y, WARP_SPECIALIZE, autotune, check_tensors, configs, dot_precision, ensure_descriptor_memory, launcher,
+    load_rows, mma, pipeline_stages, row_tiles, store_rows, unit_last_stride, upcast_dots, use_tensor_descriptors,
 )
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -44,11 +50,15 @@ HEAD_DIMS = (16, 32, 64, 128)
 # ------------------------------------------------------------------------------------------------
 # Autotuning candidates. BLOCK_M must be a multiple of BLOCK_N in the forward and the dQ kernel (and
 # the reverse in the dK/dV kernel), so that the diagonal band is a whole number of inner steps.
-# The 16-bit candidates compile for sm_90 (Triton 3.8) without spilling registers at the head
-# dimensions they are allowed for. fp32 tiles hold twice the bytes and fp32 products do not use
-# tensor cores, so fp32 inputs get their own small candidates (correct, not fast: fp32 attention
-# is there to check the model against V1, bf16 is for speed).
-# Few candidates on purpose: each is compiled (seconds) and timed on first use of a shape.
+# Hopper-sized 16-bit tiles (128-row query blocks, 8 warps, 3-5 stages; the Triton tutorial's dK/dV
+# tile of 128 keys x 32 queries). Register use, read from ptxas for sm_90a (Triton 3.8, see
+# benchmarks/2026-11-23e_h200_flash_attention.md): at head_dim 128 the dK/dV kernel holds two
+# (BLOCK_N x 128) fp32 accumulators and is at the 255-register limit; the tiles that spill there by
+# hundreds of bytes or more are offered up to head_dim 64 only. Pointer loads cost more registers
+# than tensor-descriptor loads (the addresses of a whole tile), up to spilling where TMA does not.
+# fp32 tiles hold twice the bytes and fp32 products do not use tensor cores, so fp32 inputs get their
+# own small candidates (correct, not fast: fp32 attention is there to check the model against V1,
+# bf16 is for speed). Few candidates on purpose: each is compiled (seconds) and timed on first use.
 # ------------------------------------------------------------------------------------------------
 
 
@@ -58,12 +68,13 @@ class _Tile:
     block_n: int
     warps: int
     stages: int
+    ws: bool = False  # warp-specialized inner loops (only with tensor descriptors)
     max_head_dim: int = 128
     fp32: bool = False  # a candidate for fp32 inputs (else for 16-bit inputs)
 
     def config(self) -> triton.Config:
-        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}, num_warps=self.warps,
-                             num_stages=pipeline_stages(self.stages))
+        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "WS": self.ws},
+                             num_warps=self.warps, num_stages=pipeline_stages(self.stages))
 
 
 _TILES: dict[int, _Tile] = {}  # id(config) -> the tile it was made from, for pruning
@@ -78,14 +89,23 @@ def _configs(tiles: list[_Tile], interpreter: _Tile) -> list[triton.Config]:
     return configs(made, interpreter.config())
 
 
-_FWD = _configs([_Tile(128, 128, 8, 3, max_head_dim=64), _Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3),
-                 _Tile(64, 64, 4, 3), _Tile(64, 32, 4, 4),
-                 _Tile(32, 16, 4, 2, fp32=True), _Tile(32, 32, 8, 2, fp32=True)], _Tile(32, 16, 4, 1))
-_DKDV = _configs([_Tile(32, 128, 8, 3, max_head_dim=64), _Tile(64, 128, 8, 2, max_head_dim=64),
-                  _Tile(16, 128, 8, 3), _Tile(32, 64, 8, 3), _Tile(16, 64, 8, 3),
-                  _Tile(16, 16, 4, 2, fp32=True), _Tile(16, 32, 8, 2, fp32=True)], _Tile(16, 32, 4, 1))
-_DQ = _configs([_Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3), _Tile(64, 64, 8, 3), _Tile(64, 32, 4, 3),
-                _Tile(16, 16, 4, 2, fp32=True), _Tile(32, 16, 4, 2, fp32=True)], _Tile(32, 16, 4, 1))
+# Warp-specialized variants (``ws``) of the 8-warp tiles join only with TINYLLAMA_WARP_SPECIALIZE=1
+# (Triton 3.8 fails to warp-specialize the 4-warp tiles for sm_90 with an error the autotuner does not
+# catch; see ``WARP_SPECIALIZE``).
+def _with_ws(tiles: list[_Tile]) -> list[_Tile]:
+    extra = [replace(t, ws=True) for t in tiles if t.warps == 8 and not t.fp32]
+    return tiles + extra if WARP_SPECIALIZE else tiles
+
+
+_FWD = _configs(_with_ws([_Tile(128, 128, 8, 3), _Tile(128, 64, 8, 3), _Tile(128, 64, 8, 4), _Tile(64, 64, 4, 3),
+                          _Tile(64, 32, 4, 4),
+                          _Tile(32, 16, 4, 2, fp32=True), _Tile(32, 32, 8, 2, fp32=True)]), _Tile(32, 16, 4, 1))
+_DKDV = _configs(_with_ws([_Tile(32, 128, 4, 5, max_head_dim=64), _Tile(64, 128, 8, 2, max_head_dim=64),
+                           _Tile(32, 128, 8, 3), _Tile(16, 128, 8, 3), _Tile(32, 64, 8, 3), _Tile(16, 64, 8, 3),
+                           _Tile(16, 16, 4, 2, fp32=True), _Tile(16, 32, 8, 2, fp32=True)]), _Tile(16, 32, 4, 1))
+_DQ = _configs(_with_ws([_Tile(128, 32, 4, 5, max_head_dim=64), _Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3),
+                         _Tile(64, 64, 8, 3), _Tile(64, 32, 4, 3),
+                         _Tile(16, 16, 4, 2, fp32=True), _Tile(32, 16, 4, 2, fp32=True)]), _Tile(32, 16, 4, 1))
 
 
 def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -97,36 +117,42 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
         tile = _TILES.get(id(config))
         if tile is None:  # the interpreter's single candidate
             return configs_
-        if tile.fp32 == fp32 and kwargs["HEAD_DIM"] <= tile.max_head_dim and max(tile.block_m, tile.block_n) <= max(64, seq):
+        if (tile.fp32 == fp32 and kwargs["HEAD_DIM"] <= tile.max_head_dim and (kwargs["TMA"] or not tile.ws)
+                and max(tile.block_m, tile.block_n) <= max(64, seq)):
             kept.append(config)
-    return kept or [c for c in configs_ if _TILES[id(c)].fp32 == fp32][-1:]
+    return kept or [c for c in configs_ if _TILES[id(c)].fp32 == fp32 and not _TILES[id(c)].ws][-1:]
 
 
-_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "GROUPS"]
+# The batch size Z is in the key (and passed, unused, to the kernels) because the best tile depends
+# on how many programs fill the GPU: tuned on one sequence of one head, a tile would be chosen for
+# a launch a few dozen programs wide.
+_KEY = ["Z", "N_CTX", "HEAD_DIM", "CAUSAL", "GROUPS", "TMA"]
 # Sizes vary from call to call; compiling a variant for each (Triton specialises integers equal to
 # 1 or divisible by 16) would cost seconds each time for no gain.
-_DYNAMIC = ["H", "N_CTX", "GROUPS"]
+_DYNAMIC = ["H", "N_CTX", "GROUPS", "Z"]
 
 
 # ------------------------------------------------------------------------------------------------
 # Forward
 # ------------------------------------------------------------------------------------------------
 
+LOG2E = tl.constexpr(1.4426950408889634)  # scores go to base 2: exp2 is one instruction
+
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, lo, hi, N_CTX, qk_scale,
-               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Stream key/value blocks ``[lo, hi)`` past the query block, updating the online softmax."""
-    for start_n in range(lo, hi, BLOCK_N):
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        cols = start_n + offs_n
-        in_seq = cols < N_CTX
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=in_seq[:, None], other=0.0)
+        k = load_rows(k_src, stride_kn, start_n, N_CTX, BLOCK_N, HEAD_DIM, TMA)
         qk = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), PRECISION, UPCAST)
         qk = qk * qk_scale
         if MASKED:
-            keep = in_seq[None, :]
+            cols = start_n + offs_n
+            keep = (cols < N_CTX)[None, :]
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= cols[None, :])
             qk = tl.where(keep, qk, float("-inf"))
@@ -135,7 +161,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, o
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=in_seq[:, None], other=0.0)
+        v = load_rows(v_src, stride_vn, start_n, N_CTX, BLOCK_N, HEAD_DIM, TMA)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
         m_i = m_new
     return acc, l_i, m_i
@@ -147,9 +173,10 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, o
 def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                     H, N_CTX, GROUPS,
+                     H, N_CTX, GROUPS, Z,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-                     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = (off_bh // H).to(tl.int64)
@@ -158,81 +185,61 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
     off_h = off_h.to(tl.int64)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
-    k_ptrs = K + off_b * stride_kb + off_kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
-    v_ptrs = V + off_b * stride_vb + off_kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
-    row_ok = offs_m < N_CTX
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    q_src = row_tiles(Q + off_b * stride_qb + off_h * stride_qh, stride_qm, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    k_src = row_tiles(K + off_b * stride_kb + off_kvh * stride_kh, stride_kn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    v_src = row_tiles(V + off_b * stride_vb + off_kvh * stride_vh, stride_vn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    q = load_rows(q_src, stride_qm, start_m, N_CTX, BLOCK_M, HEAD_DIM, TMA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # scores in base 2
+    qk_scale = sm_scale * LOG2E
     if CAUSAL:
         unmasked_end = start_m  # key blocks wholly at or below the diagonal ...
         masked_end = tl.minimum(start_m + BLOCK_M, N_CTX)  # ... then the diagonal band
     else:
         unmasked_end = (N_CTX // BLOCK_N) * BLOCK_N  # whole key blocks, then the ragged end
         masked_end = N_CTX
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                               0, unmasked_end, N_CTX, qk_scale, BLOCK_N, False, CAUSAL, PRECISION, UPCAST)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                               unmasked_end, masked_end, N_CTX, qk_scale, BLOCK_N, True, CAUSAL, PRECISION,
-                               UPCAST)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, 0, unmasked_end,
+                               N_CTX, qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, PRECISION, UPCAST, TMA, WS)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, unmasked_end,
+                               masked_end, N_CTX, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, PRECISION, UPCAST,
+                               TMA, WS)
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # natural log-sum-exp of the scaled scores
-    tl.store(LSE + off_bh.to(tl.int64) * N_CTX + offs_m, lse, mask=row_ok)
-    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + off_bh.to(tl.int64) * N_CTX + offs_m, lse, mask=offs_m < N_CTX)
+    o_dst = row_tiles(O + off_b * stride_ob + off_h * stride_oh, stride_om, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    store_rows(o_dst, stride_om, start_m, N_CTX, acc.to(O.dtype.element_ty), BLOCK_M, HEAD_DIM, TMA)
 
 
 # ------------------------------------------------------------------------------------------------
-# Backward
+# Backward: the dQ kernel runs first and also computes delta (it reads dO anyway), which the
+# dK/dV kernel then reads: no separate pre-pass launch.
 # ------------------------------------------------------------------------------------------------
-
-
-@launcher
-@triton.jit(do_not_specialize=_DYNAMIC[:2])
-def _bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
-                           H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """delta_i = sum_d O_id * dO_id, in fp32."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // H).to(tl.int64)
-    off_h = (off_bh % H).to(tl.int64)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < N_CTX
-    o = tl.load(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0).to(tl.float32)
-    tl.store(DELTA + off_bh.to(tl.int64) * N_CTX + offs_m, tl.sum(o * do, axis=1), mask=row_ok)
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom, offs_n, lo, hi, N_CTX,
-                qk_scale, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr,
-                UPCAST: tl.constexpr):
+def _dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dom, offs_n, lo, hi, N_CTX,
+                qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+                PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Accumulate dK, dV of one key block over query blocks ``[lo, hi)`` of one query head.
 
     Works on transposed scores (keys x queries) so the key block stays the left operand.
     """
-    for start_m in range(lo, hi, BLOCK_M):
+    for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < N_CTX
-        q = tl.load(q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0)
-        do = tl.load(do_ptrs + start_m * stride_dom, mask=row_ok[:, None], other=0.0)
+        q = load_rows(q_src, stride_qm, start_m, N_CTX, BLOCK_M, HEAD_DIM, TMA)
         # Queries past the end get lse = +inf, hence probability 0.
-        lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
-        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         qk_t = mma(k, tl.trans(q), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), PRECISION, UPCAST)
         p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
         if MASKED:
             p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
+        do = load_rows(do_src, stride_dom, start_m, N_CTX, BLOCK_M, HEAD_DIM, TMA)
         dv = mma(p_t.to(do.dtype), do, dv, PRECISION, UPCAST)
+        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
         dp_t = mma(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), PRECISION, UPCAST)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = mma(ds_t.to(q.dtype), q, dk, PRECISION, UPCAST)
@@ -246,72 +253,67 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                          H, N_CTX, GROUPS,
+                          H, N_CTX, GROUPS, Z,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-                          UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_bkv = tl.program_id(1)
     KV_HEADS = H // GROUPS
-    off_b = off_bkv // KV_HEADS
-    off_kvh = off_bkv % KV_HEADS
+    off_b = (off_bkv // KV_HEADS).to(tl.int64)
+    off_kvh = (off_bkv % KV_HEADS).to(tl.int64)
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    key_ok = offs_n < N_CTX
-    kv_off_k = off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
-    kv_off_v = off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
-    k = tl.load(K + kv_off_k + offs_n[:, None] * stride_kn + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    v = tl.load(V + kv_off_v + offs_n[:, None] * stride_vn + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    k_src = row_tiles(K + off_b * stride_kb + off_kvh * stride_kh, stride_kn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    v_src = row_tiles(V + off_b * stride_vb + off_kvh * stride_vh, stride_vn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    k = load_rows(k_src, stride_kn, start_n, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    v = load_rows(v_src, stride_vn, start_n, N_CTX, BLOCK_N, HEAD_DIM, TMA)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
 
     for g in range(GROUPS):  # every query head that reads this key/value head
         off_h = off_kvh * GROUPS + g
-        off_bh = (off_b * H + off_h).to(tl.int64)
-        q_ptrs = (Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-                  + offs_m[:, None] * stride_qm + offs_d[None, :])
-        do_ptrs = (DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-                   + offs_m[:, None] * stride_dom + offs_d[None, :])
+        off_bh = off_b * H + off_h
+        q_src = row_tiles(Q + off_b * stride_qb + off_h * stride_qh, stride_qm, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+        do_src = row_tiles(DO + off_b * stride_dob + off_h * stride_doh, stride_dom, N_CTX, BLOCK_M, HEAD_DIM,
+                           TMA)
         lse_ptr = LSE + off_bh * N_CTX
         delta_ptr = DELTA + off_bh * N_CTX
         if CAUSAL:
             # Queries before this key block never see it; the band on the diagonal needs the mask.
             band_end = tl.minimum(start_n + BLOCK_N, N_CTX)
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-                                 offs_n, start_n, band_end, N_CTX, qk_scale, BLOCK_M, True, PRECISION, UPCAST)
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-                                 offs_n, start_n + BLOCK_N, N_CTX, N_CTX, qk_scale, BLOCK_M, False, PRECISION,
-                                 UPCAST)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dom, offs_n,
+                                 start_n, band_end, N_CTX, qk_scale, BLOCK_M, HEAD_DIM, True, PRECISION, UPCAST,
+                                 TMA, WS)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dom, offs_n,
+                                 start_n + BLOCK_N, N_CTX, N_CTX, qk_scale, BLOCK_M, HEAD_DIM, False, PRECISION,
+                                 UPCAST, TMA, WS)
         else:
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-                                 offs_n, 0, N_CTX, N_CTX, qk_scale, BLOCK_M, False, PRECISION, UPCAST)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dom, offs_n,
+                                 0, N_CTX, N_CTX, qk_scale, BLOCK_M, HEAD_DIM, False, PRECISION, UPCAST, TMA, WS)
 
-    dk = dk * sm_scale
-    dk_ptrs = (DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh
-               + offs_n[:, None] * stride_dkn + offs_d[None, :])
-    dv_ptrs = (DV + off_b.to(tl.int64) * stride_dvb + off_kvh.to(tl.int64) * stride_dvh
-               + offs_n[:, None] * stride_dvn + offs_d[None, :])
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok[:, None])
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
+    dk_dst = row_tiles(DK + off_b * stride_dkb + off_kvh * stride_dkh, stride_dkn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    dv_dst = row_tiles(DV + off_b * stride_dvb + off_kvh * stride_dvh, stride_dvn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    store_rows(dk_dst, stride_dkn, start_n, N_CTX, (dk * sm_scale).to(DK.dtype.element_ty), BLOCK_N, HEAD_DIM, TMA)
+    store_rows(dv_dst, stride_dvn, start_n, N_CTX, dv.to(DV.dtype.element_ty), BLOCK_N, HEAD_DIM, TMA)
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, lo, hi, N_CTX,
-              qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _dq_inner(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Accumulate dQ of one query block over key blocks ``[lo, hi)``."""
-    for start_n in range(lo, hi, BLOCK_N):
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        cols = start_n + offs_n
-        in_seq = cols < N_CTX
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=in_seq[:, None], other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=in_seq[:, None], other=0.0)
+        k = load_rows(k_src, stride_kn, start_n, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+        v = load_rows(v_src, stride_vn, start_n, N_CTX, BLOCK_N, HEAD_DIM, TMA)
         qk = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), PRECISION, UPCAST)
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:
-            keep = in_seq[None, :]
+            cols = start_n + offs_n
+            keep = (cols < N_CTX)[None, :]
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= cols[None, :])
             p = tl.where(keep, p, 0.0)
@@ -324,13 +326,14 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 @launcher
 @autotune(_DQ, _KEY, _prune)
 @triton.jit(do_not_specialize=_DYNAMIC)
-def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
+def _attn_bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sm_scale,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                        stride_dqb, stride_dqh, stride_dqm,
-                        H, N_CTX, GROUPS,
+                        stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                        stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
+                        H, N_CTX, GROUPS, Z,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-                        UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = (off_bh // H).to(tl.int64)
@@ -339,32 +342,34 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
     off_h = off_h.to(tl.int64)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_CTX
-    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
-    lse2 = tl.load(LSE + off_bh.to(tl.int64) * N_CTX + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
-    delta = tl.load(DELTA + off_bh.to(tl.int64) * N_CTX + offs_m, mask=row_ok, other=0.0)
-    k_ptrs = K + off_b * stride_kb + off_kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
-    v_ptrs = V + off_b * stride_vb + off_kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
+    q_src = row_tiles(Q + off_b * stride_qb + off_h * stride_qh, stride_qm, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    o_src = row_tiles(O + off_b * stride_ob + off_h * stride_oh, stride_om, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    do_src = row_tiles(DO + off_b * stride_dob + off_h * stride_doh, stride_dom, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    q = load_rows(q_src, stride_qm, start_m, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    do = load_rows(do_src, stride_dom, start_m, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    o = load_rows(o_src, stride_om, start_m, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    # delta_i = sum_d O_id * dO_id, in fp32: this kernel's rows, saved for the dK/dV kernel.
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    rows = off_bh.to(tl.int64) * N_CTX + offs_m
+    tl.store(DELTA + rows, delta, mask=row_ok)
+    lse2 = tl.load(LSE + rows, mask=row_ok, other=float("inf")) * LOG2E
+    k_src = row_tiles(K + off_b * stride_kb + off_kvh * stride_kh, stride_kn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
+    v_src = row_tiles(V + off_b * stride_vb + off_kvh * stride_vh, stride_vn, N_CTX, BLOCK_N, HEAD_DIM, TMA)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     if CAUSAL:
         unmasked_end = start_m
         masked_end = tl.minimum(start_m + BLOCK_M, N_CTX)
     else:
         unmasked_end = (N_CTX // BLOCK_N) * BLOCK_N
         masked_end = N_CTX
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, 0, unmasked_end,
-                   N_CTX, qk_scale, BLOCK_N, False, CAUSAL, PRECISION, UPCAST)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, unmasked_end,
-                   masked_end, N_CTX, qk_scale, BLOCK_N, True, CAUSAL, PRECISION, UPCAST)
-    dq = dq * sm_scale
-    dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
-    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    dq = _dq_inner(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, offs_m, 0, unmasked_end, N_CTX,
+                   qk_scale, BLOCK_N, HEAD_DIM, False, CAUSAL, PRECISION, UPCAST, TMA, WS)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, offs_m, unmasked_end, masked_end,
+                   N_CTX, qk_scale, BLOCK_N, HEAD_DIM, True, CAUSAL, PRECISION, UPCAST, TMA, WS)
+    dq_dst = row_tiles(DQ + off_b * stride_dqb + off_h * stride_dqh, stride_dqm, N_CTX, BLOCK_M, HEAD_DIM, TMA)
+    store_rows(dq_dst, stride_dqm, start_m, N_CTX, (dq * sm_scale).to(DQ.dtype.element_ty), BLOCK_M, HEAD_DIM, TMA)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -404,9 +409,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"flash_attention: batch x heads = {b * h} exceeds {MAX_GRID_Y}; split the batch")
 
 
-def _meta(q: torch.Tensor, causal: bool) -> dict:
+def _meta(causal: bool, *tensors: torch.Tensor) -> dict:
+    """The launch's constexprs; ``TMA``: read tiles through tensor descriptors where the device and
+    every tensor allow it (``use_tensor_descriptors``; the outputs this module allocates always do,
+    so only the caller's tensors are passed). The tile and ``WS`` (warp-specialized loops, a
+    candidate only with descriptors) come from the autotuner."""
+    q = tensors[0]
+    tma = use_tensor_descriptors(*tensors)
+    if tma:
+        ensure_descriptor_memory()
     return {"HEAD_DIM": q.shape[-1], "CAUSAL": causal, "PRECISION": dot_precision(q.dtype),
-            "UPCAST": upcast_dots(q.dtype)}
+            "UPCAST": upcast_dots(q.dtype), "TMA": tma}
 
 
 def flash_attention_forward(
@@ -424,7 +437,7 @@ def flash_attention_forward(
     if out.numel():
         grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
         _attn_fwd_kernel(grid, q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
-                               heads, seq, groups, **_meta(q, causal))
+                         heads, seq, groups, batch, **_meta(causal, q, k, v))
     return out, lse
 
 
@@ -445,17 +458,14 @@ def flash_attention_backward(
     dv = _empty_bshd(batch, kv_heads, seq, head_dim, v)
     if not dq.numel():
         return dq, dk, dv
-    delta = torch.empty_like(lse)
-    pre_block = 64
-    _bwd_preprocess_kernel((triton.cdiv(seq, pre_block), batch * heads), out, dout, delta, *_bhsd(out), *_bhsd(dout),
-                           heads, seq, HEAD_DIM=head_dim, BLOCK_M=pre_block)
-    meta = _meta(q, causal)
+    delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel
+    meta = _meta(causal, q, k, v, out, dout)
+    grid_q = lambda m: (triton.cdiv(seq, m["BLOCK_M"]), batch * heads)  # noqa: E731
+    _attn_bwd_dq_kernel(grid_q, q, k, v, out, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
+                        *_bhsd(out), *_bhsd(dout), *_bhsd(dq), heads, seq, groups, batch, **meta)
     grid_kv = lambda m: (triton.cdiv(seq, m["BLOCK_N"]), batch * kv_heads)  # noqa: E731
     _attn_bwd_dkdv_kernel(grid_kv, q, k, v, dout, lse, delta, dk, dv, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
-                                   *_bhsd(dout), *_bhsd(dk), *_bhsd(dv), heads, seq, groups, **meta)
-    grid_q = lambda m: (triton.cdiv(seq, m["BLOCK_M"]), batch * heads)  # noqa: E731
-    _attn_bwd_dq_kernel(grid_q, q, k, v, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
-                                *_bhsd(dout), *_bhsd(dq), heads, seq, groups, **meta)
+                          *_bhsd(dout), *_bhsd(dk), *_bhsd(dv), heads, seq, groups, batch, **meta)
     return dq, dk, dv
 
 

@@ -11,7 +11,7 @@ choice and the compiled binary remembered per key, launched directly) and ``trit
 launchers through Triton's own path, ``kernel[grid](...)``: autotuner lookup and argument binding on
 every call, as a plain ``@triton.autotune`` kernel is launched). The yardsticks: a plain launch of a
 three-argument Triton kernel without autotuner, and PyTorch's ``F.rms_norm``. ``us_per_launch`` is the
-call's host time over the kernels it launches (the attention backward launches three).
+call's host time over the kernels it launches (the attention backward launches two).
 
 On a CPU the kernels run in Triton's interpreter: the numbers are the interpreter's.
 """
@@ -79,7 +79,7 @@ def launch_calls(config: ModelConfig, dtype: torch.dtype, device: torch.device,
         ("swiglu_forward", 1, True, lambda: swiglu_forward(gate, up)),
         ("swiglu_backward", 1, True, lambda: swiglu_backward(dact, gate, up)),
         ("flash_attention_forward", 1, True, lambda: flash_attention_forward(q, k, v)),
-        ("flash_attention_backward", 3, True, lambda: flash_attention_backward(out, q, k, v, out, lse)),
+        ("flash_attention_backward", 2, True, lambda: flash_attention_backward(out, q, k, v, out, lse)),
     ]
     if hasattr(F, "rms_norm"):
         calls.append(("F.rms_norm (PyTorch)", 1, False, lambda: F.rms_norm(x, (c.hidden_dim,), w.to(dtype), c.norm_eps)))
