@@ -110,7 +110,7 @@ def test_gpu_launches_come_from_the_device_records_in_device_order():
         _KinetoEvent("timed", gpu, 2, 300, 900),
         _KinetoEvent("inner", gpu, 2, 400, 500),  # a range not asked for
         _KinetoEvent("conv_fprop", gpu, 5, 350, 380),
-        _KinetoEvent("nchwToNhwc", gpu, 5, 310, 320),  # launched through the driver API: no host launch at all
+        _KinetoEvent("nchwToNhwc", gpu, 5, 310, 320),  # no host launch to hang it on: still counted
         _KinetoEvent("Memcpy HtoD (Pageable -> Device)", gpu, 3, 320, 330),
         _KinetoEvent("bn_fw", gpu, 5, 420, 450),
         _KinetoEvent("relu", gpu, 5, 100, 104),
