@@ -218,7 +218,7 @@ def part_launch_costs(report: Report, preset: str) -> tuple[Any, list[str]]:
              "repeats after warm-up (median, p10, p90). `remembered`: launched by the project's Launcher "
              "(configuration and binary remembered per key); `triton`: the same launchers through Triton's "
              "own `kernel[grid](...)` (autotuner lookup and argument binding on every call). "
-             "`us_per_launch` divides by the kernels launched per call (attention backward: 3).", "",
+             "`us_per_launch` divides by the kernels launched per call (attention backward: 2).", "",
              f"Target: {target['target']}: **{'met' if target['met'] else 'NOT MET'}** ({target['measured']})", "",
              to_markdown(frame)]
     return {"rows": _records(frame), "target": target}, lines

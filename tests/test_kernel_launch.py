@@ -16,7 +16,7 @@ import triton.language as tl
 from conftest import DEVICE
 
 from tinyllama import kernels
-from tinyllama.kernels._triton import Launcher, assert_close
+from tinyllama.kernels._triton import KernelTolerance, Launcher, assert_close
 
 rms = importlib.import_module("tinyllama.kernels.rmsnorm")
 swi = importlib.import_module("tinyllama.kernels.swiglu")
@@ -56,7 +56,9 @@ def _rmsnorm_step(rows, width, dtype=torch.float32):
     w = torch.randn(width, device=DEVICE, requires_grad=True)
     y = kernels.rmsnorm(x, w)
     y.backward(torch.ones_like(y))
-    assert_close("rmsnorm", y, kernels.rmsnorm_reference(x.detach(), w.detach()), 1e-5)
+    # fp32 agrees to rounding; a 16-bit output may differ from the reference by one rounding step
+    # (the two sum the squares in different orders), within KernelTolerance's fp16 bound
+    assert_close("rmsnorm", y, kernels.rmsnorm_reference(x.detach(), w.detach()), KernelTolerance()(dtype))
     return x.grad
 
 
@@ -194,3 +196,24 @@ def test_the_launch_target_is_judged_on_the_worst_remembered_launch():
     assert check_target(frame)["met"] and "b: 24.0 us" in check_target(frame)["measured"]
     frame.loc[0, "us_per_launch"] = 26.0
     assert not check_target(frame)["met"]
+
+
+def test_an_empty_launch_hook_chain_is_skipped_and_a_filled_one_kept():
+    # The direct launch passes no hook (and builds no launch metadata) for an empty chain, but a
+    # profiler's hook must still be called: the chain is passed on once it holds one.
+    from tinyllama.kernels._triton import _hook
+
+    assert _hook(None) is None
+
+    def hook(metadata):
+        return None
+
+    assert _hook(hook) is hook  # a Triton whose hook is a plain function
+    try:
+        from triton.knobs import HookChain
+    except ImportError:  # pragma: no cover - Triton < 3.5 has no chains
+        return
+    chain = HookChain()
+    assert _hook(chain) is None
+    chain.add(hook)
+    assert _hook(chain) is chain

@@ -36,6 +36,17 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_GRID_Y = 65535
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids, in plain Python: ``triton.cdiv`` is a constexpr function in
+    Triton >= 3.5, and calling one from Python costs the host about 4 us."""
+    return -(a // -b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``), in plain Python (see :func:`cdiv`)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def configs(gpu: list[triton.Config], interpreter: triton.Config) -> list[triton.Config]:
     """The autotuning candidates: ``gpu`` when compiling, the single ``interpreter`` config when
     interpreting (the interpreter is far too slow to benchmark configurations, and one small block
@@ -66,11 +77,15 @@ def pipeline_stages(cuda: int) -> int:
     return min(cuda, 2) if dev.backend() == "rocm" else cuda
 
 
+# The back end, asked once (``torch.cuda.is_available()`` reads the environment on every call).
+_BACKEND = dev.backend()
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """``input_precision`` for ``tl.dot``: fp32 inputs use full-precision products unless PyTorch
     itself allows TF32 for fp32 matmuls (so that "fp32" means the same as in the V1 model).
     ``ieee`` is accepted by every back end; 16-bit inputs ignore it."""
-    if dtype == torch.float32 and dev.backend() == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and _BACKEND == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     return "ieee"
 
@@ -185,22 +200,29 @@ def store_rows(dst, stride_row, start, N_ROWS, value, ROWS: tl.constexpr, WIDTH:
 
 def check_tensors(kernel: str, *tensors: torch.Tensor) -> None:
     """Raise a short ``ValueError`` or ``RuntimeError`` unless the tensors can go to a Triton kernel:
-    floating point of a supported type, all on one device, and a device Triton can run on."""
+    floating point of a supported type, all on one device, and a device Triton can run on.
+
+    On every eager launch, so written for the host's time (about 1 us for three tensors): one
+    ``device`` object per tensor, compared with the first's."""
     first = tensors[0]
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"{kernel}: expected tensors, got {type(first).__name__}")
+    device = first.device
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{kernel}: expected tensors, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"{kernel}: dtype {t.dtype} is not supported; use float32, bfloat16 or float16")
-        if t.device != first.device:
-            raise ValueError(f"{kernel}: tensors are on {first.device} and {t.device}; put them on one device")
-    if first.device.type == "cpu" and not INTERPRET:
-        raise RuntimeError(
-            f"{kernel}: the tensors are on the CPU, but Triton compiles for the GPU here. Move them to the "
-            "GPU, or set TRITON_INTERPRET=1 before importing tinyllama.kernels to run the kernels on the CPU."
-        )
-    if first.device.type not in ("cpu", "cuda"):
-        raise RuntimeError(f"{kernel}: Triton cannot run on a {first.device.type} device; use a GPU")
+        if t.device != device:
+            raise ValueError(f"{kernel}: tensors are on {device} and {t.device}; put them on one device")
+    if not first.is_cuda:
+        if device.type == "cpu" and not INTERPRET:
+            raise RuntimeError(
+                f"{kernel}: the tensors are on the CPU, but Triton compiles for the GPU here. Move them to the "
+                "GPU, or set TRITON_INTERPRET=1 before importing tinyllama.kernels to run the kernels on the CPU."
+            )
+        if device.type != "cpu":
+            raise RuntimeError(f"{kernel}: Triton cannot run on a {device.type} device; use a GPU")
 
 
 def rows_view(x: torch.Tensor) -> torch.Tensor:
@@ -217,16 +239,30 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def empty_rows(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An empty contiguous tensor of ``like``'s shape (and device; ``dtype`` or ``like``'s): seen as
+    (rows, last dim), its row stride is the last dimension. Allocating in the caller's shape
+    spares the host the ``view`` back to it (a ``view`` to a ``torch.Size`` costs 1-4 us)."""
+    return torch.empty_like(like, dtype=dtype, memory_format=torch.contiguous_format)
+
+
 def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself if its last dimension has unit stride, else a contiguous copy."""
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
+_MULTIPROCESSORS: dict[torch.device, int] = {}
+
+
 def multiprocessor_count(device: torch.device) -> int:
-    """Streaming multiprocessors (NVIDIA) or compute units (AMD): how many programs run at once."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter runs programs one after another; a few suffice
+    """Streaming multiprocessors (NVIDIA) or compute units (AMD): how many programs run at once
+    (asked once per device: ``get_device_properties`` costs the host microseconds per call)."""
+    count = _MULTIPROCESSORS.get(device)
+    if count is None:
+        # the interpreter runs programs one after another; a few suffice
+        count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        _MULTIPROCESSORS[device] = count
+    return count
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,15 +415,6 @@ class Launcher:
     def name(self) -> str:
         return getattr(self.jit, "__name__", repr(self.jit))
 
-    def _key(self, args: tuple, meta: dict, device: object) -> tuple:
-        # Hot path, a few microseconds: the kernels take their tensors (or None) first, then scalars.
-        # Scalars enter the key by value (finer than the classes Triton specialises on, so a new
-        # value is a miss, never a wrong binary); tensors by dtype and 16-byte alignment.
-        n = self.n_tensors
-        tensors = args[:n]
-        return (device, args[n:], *meta.items(), *[None if t is None else t.dtype for t in tensors],
-                *[None if t is None else t.data_ptr() & 15 for t in tensors])
-
     def __call__(self, grid, *args, **meta):
         """Launch on ``grid`` (a tuple, or a callable of the configuration's meta-parameters)."""
         first = args[0]
@@ -399,27 +426,32 @@ class Launcher:
             return wrap_triton(self.kernel)[grid](*args, **meta)
         if not Launcher.remember:
             return self.kernel[grid](*args, **meta)
-        # The binary is loaded on the device that was current when it was first launched.
-        device = _current_device() if self.direct else None
-        if self.n_tensors < 0:
-            self.n_tensors = next((i for i, a in enumerate(args) if not (a is None or isinstance(a, torch.Tensor))),
-                                  len(args))
-        key = self._key(args, meta, device)
+        # The key (hot path, a few microseconds): the kernels take their tensors (or None) first,
+        # then scalars. Scalars enter by value (finer than the classes Triton specialises on, so a
+        # new value is a miss, never a wrong binary); tensors by dtype and 16-byte alignment; and the
+        # device that is current, on which the binary was loaded.
+        n = self.n_tensors
+        if n < 0:
+            n = self.n_tensors = next((i for i, a in enumerate(args)
+                                       if not (a is None or isinstance(a, torch.Tensor))), len(args))
+        device = _DEVICE_AND_STREAM[0]() if self.direct else None
+        key = (device, args[n:], *meta.items(),
+               *[None if t is None else (t.dtype, t.data_ptr() & 15) for t in args[:n]])
         entry = self.cache.get(key)
         if entry is None:
             return self._first_call(key, grid, args, meta)
         compiled, config_meta, tail, options = entry
-        if callable(grid):
+        if grid.__class__ is not tuple:
             grid = grid(config_meta)
         if compiled is None:
             return self.jit.run(*args, grid=grid, warmup=False, **meta, **options)
-        stream = _current_stream(device)
         full = (*args, *tail)
-        enter = _knobs.runtime.launch_enter_hook
-        metadata = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
+        stream = _DEVICE_AND_STREAM[1](device)
+        enter, exit_ = _hook(_knobs.runtime.launch_enter_hook), _hook(_knobs.runtime.launch_exit_hook)
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, metadata, enter, _knobs.runtime.launch_exit_hook,
-                     *full)
+                     compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *full) if enter is not None else None,
+                     enter, exit_, *full)
         return compiled
 
     def _first_call(self, key: tuple, grid, args: tuple, meta: dict):
@@ -441,14 +473,33 @@ class Launcher:
         return compiled
 
 
-def _current_device() -> int:
-    """The device Triton launches on (the current one), as ``JITFunction.run`` asks for it."""
-    return driver.active.get_current_device()
+def _hook(chain):
+    """A launch hook, or ``None`` for an empty chain: Triton >= 3.5 keeps its hooks in a ``HookChain``
+    that is never ``None``, and building the launch metadata for it and calling it empty, twice per
+    launch, cost 2-3 us of host time (H200 host, Triton 3.6). A profiler that adds a hook (Proton)
+    makes the chain non-empty, and then the launch passes it on as ``JITFunction.run`` does."""
+    return None if chain is None or not getattr(chain, "calls", True) else chain
 
 
-def _current_stream(device: int) -> int:
-    """The stream Triton launches on: PyTorch's current stream (a CUDA graph's while capturing)."""
-    return driver.active.get_current_stream(device)
+def _resolve_device_and_stream() -> None:
+    active = driver.active
+    _DEVICE_AND_STREAM[:] = [active.get_current_device, active.get_current_stream]
+
+
+def _first_device() -> int:
+    _resolve_device_and_stream()
+    return _DEVICE_AND_STREAM[0]()
+
+
+def _first_stream(device: int) -> int:
+    _resolve_device_and_stream()
+    return _DEVICE_AND_STREAM[1](device)
+
+
+# Triton's driver functions for the current device and stream (PyTorch's current stream, a CUDA
+# graph's while capturing), looked up at the first launch: ``driver.active`` is a proxy whose every
+# attribute access costs the host a microsecond or two.
+_DEVICE_AND_STREAM: list[Callable] = [_first_device, _first_stream]
 
 
 def _traced(args: tuple) -> bool:

@@ -30,7 +30,8 @@ import triton.language as tl
 
 from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
-    autotune, check_tensors, configs, launcher, multiprocessor_count, pipeline_stages, rows_view,
+    autotune, cdiv, check_tensors, configs, empty_rows, launcher, multiprocessor_count, next_power_of_2, pipeline_stages,
+    rows_view,
 )
 
 # A row is held in registers; beyond this many elements it would spill (and a 64K-wide hidden
@@ -144,11 +145,12 @@ def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW, ZEROED, stride_dy, stride_x, str
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     check_tensors("rmsnorm", x, weight)
-    if weight.dim() != 1 or x.dim() == 0 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"rmsnorm: weight of shape {tuple(weight.shape)} does not match the last dimension "
-                         f"of x {tuple(x.shape)}; it must be a vector of length x.shape[-1]")
-    if x.shape[-1] > MAX_HIDDEN:
-        raise ValueError(f"rmsnorm: hidden size {x.shape[-1]} exceeds {MAX_HIDDEN}, the widest row kept in registers")
+    shape, wshape = x.shape, weight.shape
+    if len(wshape) != 1 or not shape or wshape[0] != shape[-1]:
+        raise ValueError(f"rmsnorm: weight of shape {tuple(wshape)} does not match the last dimension "
+                         f"of x {tuple(shape)}; it must be a vector of length x.shape[-1]")
+    if shape[-1] > MAX_HIDDEN:
+        raise ValueError(f"rmsnorm: hidden size {shape[-1]} exceeds {MAX_HIDDEN}, the widest row kept in registers")
 
 
 def _check_sum_vector(name: str, v: torch.Tensor | None, x: torch.Tensor) -> None:
@@ -172,15 +174,15 @@ def rmsnorm_forward(
     _check_sum_vector("zeroed", zeroed, x)
     rows = rows_view(x)
     M, N = rows.shape
-    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
+    y = empty_rows(x, out_dtype)  # x's shape, rows N apart
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if M:
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)  # noqa: E731
-        _rmsnorm_fwd_kernel(grid, rows, weight.contiguous(), y, rstd, zeroed, rows.stride(0), y.stride(0), M, N, eps,
-                                  BLOCK_N=triton.next_power_of_2(N), ZERO=zeroed is not None)
+        grid = lambda meta: (cdiv(M, meta["BLOCK_M"]),)  # noqa: E731
+        _rmsnorm_fwd_kernel(grid, rows, weight.contiguous(), y, rstd, zeroed, rows.stride(0), N, M, N, eps,
+                            BLOCK_N=next_power_of_2(N), ZERO=zeroed is not None)
     elif zeroed is not None:
         zeroed.zero_()
-    return y.view(x.shape), rstd
+    return y, rstd
 
 
 def rmsnorm_backward(
@@ -198,24 +200,25 @@ def rmsnorm_backward(
     _check_sum_vector("zero_next", zero_next, x)
     dy_rows, x_rows = rows_view(dy), rows_view(x)
     M, N = x_rows.shape
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    dx = empty_rows(x)  # x's shape, rows N apart
     # A few programs per multiprocessor (the config's PER_SM), never more than there are row blocks.
     sms = multiprocessor_count(x.device)
-    grid = lambda meta: (max(1, min(triton.cdiv(M, meta["BLOCK_M"]), sms * meta["PER_SM"])),)  # noqa: E731
+    grid = lambda meta: (max(1, min(cdiv(M, meta["BLOCK_M"]), sms * meta["PER_SM"])),)  # noqa: E731
     atomic = not torch.are_deterministic_algorithms_enabled()
-    # fp32 sums: one row (atomics), or a zeroed row per possible program (rows of idle programs add 0).
-    if atomic and dweight_sum is not None:
-        dweight = dweight_sum.view(1, N)
+    # fp32 sums: one vector (atomics), or a zeroed row per possible program (rows of idle programs add 0).
+    if atomic:
+        dweight = dweight_sum if dweight_sum is not None else torch.zeros(N, dtype=torch.float32, device=x.device)
     else:
-        dweight = torch.zeros((1 if atomic else sms * MAX_PER_SM, N), dtype=torch.float32, device=x.device)
+        dweight = torch.zeros((sms * MAX_PER_SM, N), dtype=torch.float32, device=x.device)
     if M:
         _rmsnorm_bwd_kernel(
             grid, dy_rows, x_rows, weight.contiguous(), rstd, dx, dweight, zero_next, dy_rows.stride(0), x_rows.stride(0),
-            dx.stride(0), M, N, BLOCK_N=triton.next_power_of_2(N), ATOMIC=atomic, ZERO=zero_next is not None)
+            N, M, N, BLOCK_N=next_power_of_2(N), ATOMIC=atomic, ZERO=zero_next is not None)
     elif zero_next is not None:
         zero_next.zero_()
-    dweight = dweight[0] if atomic else dweight.sum(dim=0)
-    return dx.view(x.shape), dweight.to(weight.dtype)
+    if not atomic:
+        dweight = dweight.sum(dim=0)
+    return dx, dweight if dweight.dtype == weight.dtype else dweight.to(weight.dtype)
 
 
 def _capturing(device: torch.device) -> bool:

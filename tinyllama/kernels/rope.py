@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from tinyllama.kernels import _ops
-from tinyllama.kernels._triton import autotune, check_tensors, configs, launcher, unit_last_stride
+from tinyllama.kernels._triton import autotune, cdiv, check_tensors, configs, launcher, next_power_of_2, unit_last_stride
 
 
 def _row_configs() -> list[triton.Config]:
@@ -100,19 +100,21 @@ def _rope_kernel(X, COS, SIN, OUT, M, S, H,
 
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     check_tensors("rope", x, cos, sin)
-    if x.dim() != 4:
-        raise ValueError(f"rope: x has shape {tuple(x.shape)}; expected 4 dimensions (batch, heads, seq, head_dim)")
-    head_dim, seq = x.shape[-1], x.shape[-2]
+    shape = x.shape
+    if len(shape) != 4:
+        raise ValueError(f"rope: x has shape {tuple(shape)}; expected 4 dimensions (batch, heads, seq, head_dim)")
+    head_dim, seq = shape[3], shape[2]
     if head_dim % 2:
         raise ValueError(f"rope: head_dim {head_dim} is odd; RoPE rotates pairs of channels, so it must be even")
-    if cos.shape != sin.shape or cos.dtype != sin.dtype:
-        raise ValueError(f"rope: cos {tuple(cos.shape)} {cos.dtype} and sin {tuple(sin.shape)} {sin.dtype} "
+    table = cos.shape
+    if table != sin.shape or cos.dtype != sin.dtype:
+        raise ValueError(f"rope: cos {tuple(table)} {cos.dtype} and sin {tuple(sin.shape)} {sin.dtype} "
                          "must have the same shape and dtype")
-    if cos.dim() != 2 or cos.shape[1] != head_dim:
-        raise ValueError(f"rope: tables of shape {tuple(cos.shape)} do not match head_dim {head_dim}; "
+    if len(table) != 2 or table[1] != head_dim:
+        raise ValueError(f"rope: tables of shape {tuple(table)} do not match head_dim {head_dim}; "
                          "expected (max_seq_len, head_dim)")
-    if cos.shape[0] < seq:
-        raise ValueError(f"rope: tables have {cos.shape[0]} positions, shorter than the sequence length {seq}")
+    if table[0] < seq:
+        raise ValueError(f"rope: tables have {table[0]} positions, shorter than the sequence length {seq}")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
@@ -122,15 +124,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool
     M = B * S * H
     if M > 2 ** 31 - 16:  # room for the last block of rows
         raise ValueError(f"rope: {M} rows (batch * seq * heads) exceed the kernel's 32-bit row index")
-    out = torch.empty((B, S, H, D), dtype=x.dtype, device=x.device).transpose(1, 2)
-    if out.numel():
+    # (batch, heads, seq, head_dim) stored as (batch, seq, heads, head_dim), in one call
+    out = torch.empty_strided((B, H, S, D), (S * H * D, D, H * D, 1), dtype=x.dtype, device=x.device)
+    if M and D:
         def grid(meta: dict) -> tuple[int]:
-            return (triton.cdiv(M, meta["BLOCK_M"]),)
+            return (cdiv(M, meta["BLOCK_M"]),)
 
-        _rope_kernel(grid, x, cos, sin, out, M, S, H,
-                           x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                           cos.stride(0), sin.stride(0),
-                           HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), INVERSE=inverse)
+        sx = x.stride()
+        _rope_kernel(grid, x, cos, sin, out, M, S, H, sx[0], sx[1], sx[2], S * H * D, D, H * D,
+                     cos.stride(0), sin.stride(0), HALF=D // 2, BLOCK_HALF=next_power_of_2(D // 2), INVERSE=inverse)
     return out
 
 

@@ -19,7 +19,9 @@ import triton
 import triton.language as tl
 
 from tinyllama.kernels import _ops
-from tinyllama.kernels._triton import MAX_GRID_Y, autotune, check_tensors, configs, launcher, rows_view
+from tinyllama.kernels._triton import (
+    MAX_GRID_Y, autotune, cdiv, check_tensors, configs, empty_rows, launcher, next_power_of_2, rows_view,
+)
 
 
 def _tile_configs() -> list[triton.Config]:
@@ -32,8 +34,8 @@ def _prune(configs_: list[triton.Config], named_args: dict, **kwargs) -> list[tr
     """Drop tiles that are more than twice as wide as a row, and column grids taller than allowed."""
     n = named_args["N"]
     kept = [c for c in configs_
-            if c.kwargs["BLOCK_N"] <= max(128, 2 * triton.next_power_of_2(n))
-            and triton.cdiv(n, c.kwargs["BLOCK_N"]) <= MAX_GRID_Y]
+            if c.kwargs["BLOCK_N"] <= max(128, 2 * next_power_of_2(n))
+            and cdiv(n, c.kwargs["BLOCK_N"]) <= MAX_GRID_Y]
     return kept or configs_[-1:]
 
 
@@ -72,11 +74,11 @@ def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, stride_do, stride_g, stride_u, stride
 
 
 def _grid(M: int, N: int):
-    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))
+    return lambda meta: (cdiv(M, meta["BLOCK_M"]), cdiv(N, meta["BLOCK_N"]))
 
 
-def _check(gate: torch.Tensor, up: torch.Tensor) -> None:
-    check_tensors("swiglu", gate, up)
+def _check(gate: torch.Tensor, up: torch.Tensor, *more: torch.Tensor) -> None:
+    check_tensors("swiglu", gate, up, *more)
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"swiglu: gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} "
                          "must have the same shape and dtype")
@@ -89,10 +91,10 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _check(gate, up)
     g, u = rows_view(gate), rows_view(up)
     M, N = g.shape
-    out = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
-    if out.numel():
-        _swiglu_fwd_kernel(_grid(M, N), g, u, out, g.stride(0), u.stride(0), out.stride(0), M, N)
-    return out.view(gate.shape)
+    out = empty_rows(gate)  # gate's shape, rows N apart
+    if M and N:
+        _swiglu_fwd_kernel(_grid(M, N), g, u, out, g.stride(0), u.stride(0), N, M, N)
+    return out
 
 
 def swiglu_backward(
@@ -101,19 +103,21 @@ def swiglu_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d gate, d up)`` for the upstream gradient ``dout``. ``grads``, if given, are two (rows, width)
     tensors with unit last stride to write into (for example the halves of one fused gradient)."""
-    _check(gate, up)
-    check_tensors("swiglu backward", dout, gate)
+    _check(gate, up, dout)
     do, g, u = rows_view(dout), rows_view(gate), rows_view(up)
     M, N = g.shape
-    if grads is None:
-        dg = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
-        du = torch.empty_like(dg)
+    if grads is None:  # gate's shape, rows N apart
+        dg, du = empty_rows(gate), empty_rows(gate)
+        stride_dg = stride_du = N
     else:
         dg, du = grads
-    if dg.numel():
-        _swiglu_bwd_kernel(_grid(M, N), do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0),
-                                        dg.stride(0), du.stride(0), M, N)
-    return dg.view(gate.shape), du.view(gate.shape)
+        stride_dg, stride_du = dg.stride(0), du.stride(0)
+    if M and N:
+        _swiglu_bwd_kernel(_grid(M, N), do, g, u, dg, du, do.stride(0), g.stride(0), u.stride(0), stride_dg, stride_du,
+                           M, N)
+    if grads is not None:
+        return dg.view(gate.shape), du.view(gate.shape)
+    return dg, du
 
 
 class SwiGLUFunction(torch.autograd.Function):
