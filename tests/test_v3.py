@@ -14,6 +14,7 @@ from conftest import DEVICE
 from tinyllama.checks import check_every_parameter_trained
 from tinyllama.config import get_preset, make_config
 from tinyllama.kernels import max_relative_error
+from tinyllama.kernels._triton import Launcher
 from tinyllama.models import DESCRIPTIONS, VERSIONS, build, lm_loss
 from tinyllama.models.weights import canonical_gradients, canonical_state_dict, transfer_weights
 
@@ -56,24 +57,20 @@ def test_v3_maps_to_v1_parameter_names(pair):
     assert "layers.0.attn.qkv_proj.weight" in names and "layers.0.mlp.gate_up_proj.weight" in names
 
 
-LAUNCHERS = (("rmsnorm", "rmsnorm_forward"), ("rmsnorm", "rmsnorm_backward"), ("rope", "rope_forward"),
-             ("rope", "rope_backward"), ("swiglu", "swiglu_forward"), ("swiglu", "swiglu_backward"),
-             ("flash_attention", "flash_attention_forward"), ("flash_attention", "flash_attention_backward"))
-
-
-def test_v3_runs_each_triton_kernel_the_expected_number_of_times(pair, monkeypatch):
-    """Each kernel's launcher runs once per use in a forward and backward pass: V3 really uses them
-    everywhere (a single norm falling back to PyTorch would change a count)."""
+def test_v3_launches_each_triton_kernel_the_expected_number_of_times(pair, monkeypatch):
+    """Each kernel runs once per use in a forward and backward pass: V3 really uses them everywhere
+    (a single norm falling back to PyTorch would change a count), and RoPE rotates q and k together,
+    one launch each way per layer (``kernels.rope_attention``)."""
     _, v3, tokens = pair
-    calls = Counter()
-    for module_name, function in LAUNCHERS:
-        module = importlib.import_module(f"tinyllama.kernels.{module_name}")
-        original = getattr(module, function)
-        monkeypatch.setattr(module, function, lambda *a, _f=original, _n=function, **k: calls.update([_n]) or _f(*a, **k))
+    launches = Counter()
+    original = Launcher.__call__
+    monkeypatch.setattr(Launcher, "__call__",
+                        lambda self, grid, *a, **k: launches.update([self.name]) or original(self, grid, *a, **k))
     _logits_and_grads(v3, tokens)
     layers = v3.config.num_layers
-    per_pass = {"rmsnorm": 2 * layers + 1, "rope": 2 * layers, "swiglu": layers, "flash_attention": layers}
-    assert calls == {f"{kernel}_{direction}": n for kernel, n in per_pass.items() for direction in ("forward", "backward")}
+    assert launches == {"_rmsnorm_fwd_kernel": 2 * layers + 1, "_rmsnorm_bwd_kernel": 2 * layers + 1,
+                        "_rope_kernel": 2 * layers, "_swiglu_fwd_kernel": layers, "_swiglu_bwd_kernel": layers,
+                        "_attn_fwd_kernel": layers, "_attn_bwd_dq_kernel": layers, "_attn_bwd_dkdv_kernel": layers}
 
 
 def test_same_weights_give_v1_logits_and_gradients(pair):

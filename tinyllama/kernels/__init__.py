@@ -5,7 +5,10 @@
   heads, q of shape (batch, heads, seq, head_dim), k and v of shape (batch, kv_heads, seq, head_dim);
 - ``swiglu(gate, up)``: ``silu(gate) * up``; ``swiglu_packed(gate_up)`` for gate and up side by side
   in one tensor (a fused projection's output), whose gradient comes back as one tensor;
-- ``rope(x, cos, sin)``: rotary position embedding of x (batch, heads, seq, head_dim).
+- ``rope(x, cos, sin)``: rotary position embedding of x (batch, heads, seq, head_dim);
+- ``rope_attention(qkv, cos, sin, heads, kv_heads)``: ``flash_attention(rope(q), rope(k), v)`` of a fused
+  QKV projection's output in one autograd Function (one RoPE launch each way, the gradient written
+  as one tensor): V3's attention.
 
 Each module holds the kernels, their launchers, the autograd Function and a PyTorch reference.
 On a machine without a GPU they run through Triton's interpreter (slowly, but exactly).
@@ -35,10 +38,11 @@ from tinyllama.kernels._triton import INTERPRET, KernelMismatch, KernelTolerance
 from tinyllama.kernels.flash_attention import flash_attention, flash_attention_reference
 from tinyllama.kernels.rmsnorm import rmsnorm, rmsnorm_reference
 from tinyllama.kernels.rope import rope, rope_reference
+from tinyllama.kernels.rope_attention import rope_attention, rope_attention_reference
 from tinyllama.kernels.swiglu import swiglu, swiglu_packed, swiglu_packed_reference, swiglu_reference
 
 __all__ = [
     "INTERPRET", "KernelMismatch", "KernelTolerance", "assert_close", "max_relative_error",
     "flash_attention", "flash_attention_reference", "rmsnorm", "rmsnorm_reference",
-    "rope", "rope_reference", "swiglu", "swiglu_packed", "swiglu_packed_reference", "swiglu_reference",
+    "rope", "rope_reference", "rope_attention", "rope_attention_reference", "swiglu", "swiglu_packed", "swiglu_packed_reference", "swiglu_reference",
 ]

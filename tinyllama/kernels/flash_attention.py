@@ -447,8 +447,11 @@ def flash_attention_forward(
 def flash_attention_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     causal: bool = True, sm_scale: float | None = None,
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv)`` for the upstream gradient ``dout``; ``out`` and ``lse`` come from the forward."""
+    """``(dq, dk, dv)`` for the upstream gradient ``dout``; ``out`` and ``lse`` come from the forward.
+    ``grads``, if given, are where to write them: tensors of q's, k's and v's shapes and dtype, any
+    strides with a unit last one (for example head views of one fused gradient)."""
     _check(q, k, v, dout, out)
     q, k, v, out, dout = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), unit_last_stride(out), \
         unit_last_stride(dout)
@@ -456,9 +459,16 @@ def flash_attention_backward(
     kv_heads = k.shape[1]
     groups = heads // kv_heads
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
-    dq = _empty_bshd(batch, heads, seq, head_dim, q)
-    dk = _empty_bshd(batch, kv_heads, seq, head_dim, k)
-    dv = _empty_bshd(batch, kv_heads, seq, head_dim, v)
+    if grads is None:
+        dq = _empty_bshd(batch, heads, seq, head_dim, q)
+        dk = _empty_bshd(batch, kv_heads, seq, head_dim, k)
+        dv = _empty_bshd(batch, kv_heads, seq, head_dim, v)
+    else:
+        dq, dk, dv = grads
+        for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if g.shape != like.shape or g.dtype != like.dtype or g.stride(-1) != 1:
+                raise ValueError(f"flash_attention backward: {name} must have shape {tuple(like.shape)} and dtype "
+                                 f"{like.dtype} with unit last stride, got {tuple(g.shape)} {g.dtype}")
     if not dq.numel():
         return dq, dk, dv
     delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel

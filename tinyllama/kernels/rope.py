@@ -117,21 +117,30 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         raise ValueError(f"rope: tables have {table[0]} positions, shorter than the sequence length {seq}")
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
-    """Run the kernel on ``x`` (checked); the result is (batch, seq, heads, head_dim) in memory."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the kernel on ``x`` (checked). The result goes to ``out`` if given (a tensor of ``x``'s
+    shape and dtype with unit last stride; ``x`` itself rotates in place, as each program reads its
+    rows before it writes them), else to a new tensor stored (batch, seq, heads, head_dim)."""
     x, cos, sin = unit_last_stride(x), unit_last_stride(cos), unit_last_stride(sin)
     B, H, S, D = x.shape
     M = B * S * H
     if M > 2 ** 31 - 16:  # room for the last block of rows
         raise ValueError(f"rope: {M} rows (batch * seq * heads) exceed the kernel's 32-bit row index")
-    # (batch, heads, seq, head_dim) stored as (batch, seq, heads, head_dim), in one call
-    out = torch.empty_strided((B, H, S, D), (S * H * D, D, H * D, 1), dtype=x.dtype, device=x.device)
+    if out is None:  # (batch, heads, seq, head_dim) stored as (batch, seq, heads, head_dim), in one call
+        out = torch.empty_strided((B, H, S, D), (S * H * D, D, H * D, 1), dtype=x.dtype, device=x.device)
+        so = (S * H * D, D, H * D)
+    else:
+        if out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
+            raise ValueError(f"rope: out must have x's shape {tuple(x.shape)} and dtype {x.dtype} with unit last "
+                             f"stride, got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
+        so = out.stride()
     if M and D:
         def grid(meta: dict) -> tuple[int]:
             return (cdiv(M, meta["BLOCK_M"]),)
 
         sx = x.stride()
-        _rope_kernel(grid, x, cos, sin, out, M, S, H, sx[0], sx[1], sx[2], S * H * D, D, H * D,
+        _rope_kernel(grid, x, cos, sin, out, M, S, H, sx[0], sx[1], sx[2], so[0], so[1], so[2],
                      cos.stride(0), sin.stride(0), HALF=D // 2, BLOCK_HALF=next_power_of_2(D // 2), INVERSE=inverse)
     return out
 

@@ -5,7 +5,9 @@
 - Rotary embedding: one read and one write of q and k (``tinyllama.kernels.rope``) instead of the
   casts, ``cat``, ``neg``, products and sum of V1's formula.
 - Attention: flash attention (``tinyllama.kernels.flash_attention``): the (seq x seq) scores never
-  reach memory, and key/value heads are shared by index instead of copied.
+  reach memory, and key/value heads are shared by index instead of copied. RoPE and attention run
+  as one autograd Function on the fused projection's output (``tinyllama.kernels.rope_attention``):
+  q and k rotate in one launch, and the backward writes the projection's gradient as one tensor.
 - SwiGLU: ``silu(gate) * up`` in one kernel forward and one backward, reading gate and up side by
   side from the fused projection and writing their gradient as one tensor
   (``tinyllama.kernels.swiglu_packed``).
@@ -78,6 +80,14 @@ class Attention(v2.FusedAttention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return kernels.flash_attention(q, k, v, causal=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # project_qkv + attend in one Function: the same kernels with fewer launches and autograd
+        # nodes around them (eager V3 is bound by its host time)
+        batch, seq, _ = x.shape
+        out = kernels.rope_attention(self.qkv_proj(x), self.rope.cos, self.rope.sin, self.num_heads,
+                                     self.num_kv_heads, causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class FeedForward(v2.FusedFeedForward):
