@@ -42,8 +42,9 @@ from tinyllama import device as dev  # noqa: E402
 # Last: the launcher's memory (tests/test_kernel_launch.py) and the registered operators with
 # torch.compile of V3 (tests/test_kernel_ops.py), here with compiled kernels and triton_op.
 TEST_FILES = ["tests/test_kernel_rmsnorm.py", "tests/test_kernel_rope.py", "tests/test_kernel_swiglu.py",
-              "tests/test_kernel_flash_attention.py", "tests/test_kernel_bench.py", "tests/test_v3.py",
-              "tests/test_cuda_graph_step.py", "tests/test_kernel_launch.py", "tests/test_kernel_ops.py"]
+              "tests/test_kernel_flash_attention.py", "tests/test_kernel_rope_attention.py",
+              "tests/test_kernel_bench.py", "tests/test_v3.py", "tests/test_cuda_graph_step.py",
+              "tests/test_kernel_launch.py", "tests/test_kernel_ops.py"]
 
 
 class Report:
@@ -276,7 +277,7 @@ def part_model(report: Report, preset_name: str, num_steps: int) -> tuple[Any, l
 
     # 3. Training steps, bf16, medium, the same batches for every run, one process.
     batches = make_batches(config, preset.batch_size, preset.seq_len, count=4, seed=0, device=device)
-    # V3 eager pays Python's launch cost for each of its ~170 Triton kernels per step; "graph" replays
+    # V3 eager pays Python's launch cost for each of its ~130 Triton kernels per step; "graph" replays
     # the whole step from CUDA graphs. V4 is timed as it ships, with its own CUDA graphs (one per
     # compiled block) and, like V3[graph], with the whole step replayed from CUDA graphs.
     runs = [("v1", {}, False), ("v3", {}, False), ("v3", {}, True), ("v3", {"stage": 2}, False)]

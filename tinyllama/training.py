@@ -192,8 +192,8 @@ class GraphedTrainingStep(TrainingStep):
     """``TrainingStep`` replayed from CUDA (HIP) graphs: after a few eager steps, the forward, the
     backward and the optimizer step are each captured once, and every later call copies the batch
     into the captured input buffers and replays the three graphs. The GPU then runs the step's
-    kernels back to back, with none of Python's per-kernel launch cost (about 30-50 microseconds for
-    a Triton kernel; V3 launches about 170 per step).
+    kernels back to back, with none of Python's per-kernel launch cost (about 20-50 microseconds for
+    a Triton kernel; V3 launches about 130 per step).
 
     The whole step is captured, optimizer included, so gradients never outlive a step: the known
     hazard of graphed backwards, gradient accumulation into buffers a replay overwrites, cannot
