@@ -44,5 +44,6 @@ from tinyllama.kernels.swiglu import swiglu, swiglu_packed, swiglu_packed_refere
 __all__ = [
     "INTERPRET", "KernelMismatch", "KernelTolerance", "assert_close", "max_relative_error",
     "flash_attention", "flash_attention_reference", "rmsnorm", "rmsnorm_reference",
-    "rope", "rope_reference", "rope_attention", "rope_attention_reference", "swiglu", "swiglu_packed", "swiglu_packed_reference", "swiglu_reference",
+    "rope", "rope_reference", "rope_attention", "rope_attention_reference",
+    "swiglu", "swiglu_packed", "swiglu_packed_reference", "swiglu_reference",
 ]

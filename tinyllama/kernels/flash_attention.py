@@ -40,8 +40,9 @@ import triton.language as tl
 
 from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
-    MAX_GRID_Y, WARP_SPECIALIZE, autotune, cdiv, check_tensors, configs, dot_precision, ensure_descriptor_memory, launcher,
-    load_rows, mma, next_power_of_2, pipeline_stages, row_tiles, store_rows, unit_last_stride, upcast_dots, use_tensor_descriptors,
+    MAX_GRID_Y, WARP_SPECIALIZE, autotune, cdiv, check_tensors, configs, dot_precision, ensure_descriptor_memory,
+    launcher, load_rows, mma, next_power_of_2, pipeline_stages, row_tiles, store_rows, unit_last_stride, upcast_dots,
+    use_tensor_descriptors,
 )
 
 HEAD_DIMS = (16, 32, 64, 128)

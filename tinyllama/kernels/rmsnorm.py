@@ -30,8 +30,8 @@ import triton.language as tl
 
 from tinyllama.kernels import _ops
 from tinyllama.kernels._triton import (
-    autotune, cdiv, check_tensors, configs, empty_rows, launcher, multiprocessor_count, next_power_of_2, pipeline_stages,
-    rows_view,
+    autotune, cdiv, check_tensors, configs, empty_rows, launcher, multiprocessor_count, next_power_of_2,
+    pipeline_stages, rows_view,
 )
 
 # A row is held in registers; beyond this many elements it would spill (and a 64K-wide hidden
@@ -212,8 +212,8 @@ def rmsnorm_backward(
         dweight = torch.zeros((sms * MAX_PER_SM, N), dtype=torch.float32, device=x.device)
     if M:
         _rmsnorm_bwd_kernel(
-            grid, dy_rows, x_rows, weight.contiguous(), rstd, dx, dweight, zero_next, dy_rows.stride(0), x_rows.stride(0),
-            N, M, N, BLOCK_N=next_power_of_2(N), ATOMIC=atomic, ZERO=zero_next is not None)
+            grid, dy_rows, x_rows, weight.contiguous(), rstd, dx, dweight, zero_next, dy_rows.stride(0),
+            x_rows.stride(0), N, M, N, BLOCK_N=next_power_of_2(N), ATOMIC=atomic, ZERO=zero_next is not None)
     elif zero_next is not None:
         zero_next.zero_()
     if not atomic:

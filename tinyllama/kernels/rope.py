@@ -40,7 +40,9 @@ import triton
 import triton.language as tl
 
 from tinyllama.kernels import _ops
-from tinyllama.kernels._triton import autotune, cdiv, check_tensors, configs, launcher, next_power_of_2, unit_last_stride
+from tinyllama.kernels._triton import (
+    autotune, cdiv, check_tensors, configs, launcher, next_power_of_2, unit_last_stride,
+)
 
 
 def _row_configs() -> list[triton.Config]:
