@@ -215,11 +215,13 @@ def part_launch_costs(report: Report, preset: str) -> tuple[Any, list[str]]:
     print(to_markdown(frame), flush=True)
     print(target, flush=True)
     lines = ["Host microseconds per call of each launcher, bf16, 64 tokens of the model's shapes (the GPU "
-             "finishes each kernel before the next is issued: `host_bound`), 200 calls back to back, 7 "
-             "repeats after warm-up (median, p10, p90). `remembered`: launched by the project's Launcher "
-             "(configuration and binary remembered per key); `triton`: the same launchers through Triton's "
+             "finishes each kernel before the next is issued: `host_bound`), 200 calls back to back, in 7 "
+             "interleaved rounds after warm-up (median, p10, p90 over the rounds). `remembered`: launched by the "
+             "project's Launcher (configuration and binary remembered per key); `triton`: the same launchers "
+             "through Triton's "
              "own `kernel[grid](...)` (autotuner lookup and argument binding on every call). "
-             "`us_per_launch` divides by the kernels launched per call (attention backward: 2).", "",
+             "`us_per_launch` divides by the kernels launched per call (attention backward: 2); `vs_plain` and "
+             "`vs_rms_norm` divide it by the plain Triton launch's and `F.rms_norm`'s of this run.", "",
              f"Target: {target['target']}: **{'met' if target['met'] else 'NOT MET'}** ({target['measured']})", "",
              to_markdown(frame)]
     return {"rows": _records(frame), "target": target}, lines

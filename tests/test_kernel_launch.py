@@ -217,3 +217,35 @@ def test_an_empty_launch_hook_chain_is_skipped_and_a_filled_one_kept():
     assert _hook(chain) is None
     chain.add(hook)
     assert _hook(chain) is chain
+
+
+def test_launch_costs_interleave_their_rounds_and_divide_by_the_yardsticks_of_the_same_run(monkeypatch):
+    # Each round times every call once (a host that slows down mid-run slows every row alike), and
+    # vs_plain / vs_rms_norm are each row's time per launch over the yardsticks' of the same run.
+    from tinyllama.kernel_costs import LaunchCost
+    from tinyllama.kernels import launch_costs as lc
+    from tinyllama.timing import summarize
+
+    order = []
+    host_us = {lc.PLAIN: 10.0, "ours": 30.0, lc.TORCH: 20.0}
+
+    def fake_calls(config, dtype, device, tokens):
+        return [(lc.PLAIN, 1, False, lambda: lc.PLAIN), ("ours", 2, True, lambda: "ours"),
+                (lc.TORCH, 1, False, lambda: lc.TORCH)]
+
+    def fake_cost(call, device, calls, repeat, warmup):
+        name = call()
+        order.append(name)
+        stats = summarize([host_us[name] * (len(order) // 4 + 1)])  # the host slows down round by round
+        return LaunchCost(stats, stats, calls)
+
+    monkeypatch.setattr(lc, "launch_calls", fake_calls)
+    monkeypatch.setattr(lc, "host_us_per_call", fake_cost)
+    frame = lc.measure_launch_costs("ci", torch.float32, torch.device("cpu"), repeat=2)
+    assert order == [lc.PLAIN, "ours", "ours", lc.TORCH] * 2  # "ours" twice: remembered, then Triton's path
+    rows = frame.set_index(["call", "path"])
+    assert rows.loc[(lc.PLAIN, "-"), "vs_plain"] == 1.0 and rows.loc[(lc.TORCH, "-"), "vs_rms_norm"] == 1.0
+    mine = rows.loc[("ours", "remembered")]
+    assert mine["us_per_launch"] == mine["host_us_median"] / 2
+    assert mine["vs_plain"] == pytest.approx(mine["us_per_launch"] / rows.loc[(lc.PLAIN, "-"), "us_per_launch"])
+    assert "x an F.rms_norm call of the same run" in lc.check_target(frame)["measured"]
