@@ -121,3 +121,18 @@ def test_graph_samples_are_sized_by_gpu_time_not_launch_time():
                                               torch.device("cuda"), repeat=5)
     assert launch == "graph"
     assert calls * stats.median >= 0.5, (calls, stats.median)
+
+
+def test_attention_can_be_timed_without_the_mask_and_without_shared_heads():
+    frame = bench.run_kernel_bench(kernels=["flash_attention"], causal=False, kv_heads=4,
+                                   **{**SMALL, "passes": ["forward"]})
+    assert (frame["status"] == "ok").all()
+    # V1's attention is causal only: no eager baseline; the shape names the mask and 4/4 heads
+    assert set(frame["impl"]) == {"triton", "sdpa"}
+    assert frame["shape"].str.contains("4/4").all() and frame["shape"].str.contains("full").all()
+    causal = bench.run_kernel_bench(kernels=["flash_attention"], kv_heads=4, **{**SMALL, "passes": ["forward"]})
+    # the same calls do about twice the work unmasked: seq^2 pairs against seq(seq+1)/2
+    work = lambda f: (f.set_index("impl")["achieved"] * f.set_index("impl")["gpu_ms"])["triton"]  # noqa: E731
+    assert work(frame) / work(causal) == pytest.approx(2 * 5 / 6)
+    with pytest.raises(ValueError, match="must divide"):
+        bench.run_kernel_bench(kernels=["flash_attention"], kv_heads=3, **SMALL)

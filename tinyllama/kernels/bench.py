@@ -3,7 +3,9 @@
     python -m tinyllama.kernels.bench --kernels rmsnorm rope swiglu flash_attention \\
         --dtypes fp32 bf16 --seq-lens 512 1024 2048 4096 --json kernels.json
 
-For every kernel, data type and sequence length (shapes from a model preset, ``medium`` by default):
+For every kernel, data type and sequence length (shapes from a model preset, ``medium`` by default;
+attention causal with the preset's grouped-query heads, ``--full`` without the mask, ``--kv-heads``
+for another number of key/value heads):
 
 1. the Triton kernel is checked against its PyTorch reference on fresh random inputs: output and
    every input gradient. A kernel that fails is not timed (its rows say why);
@@ -132,7 +134,7 @@ def _swiglu_case(config: ModelConfig, batch: int, seq: int, dtype: torch.dtype, 
 
 
 def _attention_case(config: ModelConfig, batch: int, seq: int, dtype: torch.dtype,
-                    device: torch.device) -> KernelCase:
+                    device: torch.device, causal: bool = True) -> KernelCase:
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     v1_attention = v1.Attention(replace(config, max_seq_len=max(seq, config.max_seq_len))).to(device)
 
@@ -142,7 +144,8 @@ def _attention_case(config: ModelConfig, batch: int, seq: int, dtype: torch.dtyp
                 _randn((b, kv_heads, seq, head_dim), dtype, device, seed + 2)]
 
     def work(pass_: str) -> float:
-        pairs = seq * (seq + 1) / 2  # causal: each query sees itself and the keys before it
+        # causal: each query sees itself and the keys before it; full: every key
+        pairs = seq * (seq + 1) / 2 if causal else seq * seq
         fwd = 4 * batch * heads * pairs * head_dim  # two matmuls, 2 FLOPs per multiply-add
         return {"forward": fwd, "backward": 2.5 * fwd, "forward+backward": 3.5 * fwd}[pass_]
 
@@ -151,13 +154,15 @@ def _attention_case(config: ModelConfig, batch: int, seq: int, dtype: torch.dtyp
     baselines: dict[str, Callable[..., torch.Tensor]] = {"sdpa": _sdpa(None)}
     if dtype != torch.float32 and device.type == "cuda":
         baselines["sdpa_flash"] = _sdpa("flash")
-    # V1's attention materialises fp32-softmaxed (seq x seq) scores: only where they fit easily.
+    # V1's attention (causal only) materialises fp32-softmaxed (seq x seq) scores: only where they fit easily.
     score_bytes = batch * heads * seq * seq * 4
-    if device.type != "cuda" or score_bytes * 6 < 0.4 * torch.cuda.get_device_properties(device).total_memory:
+    if causal and (device.type != "cuda"
+                   or score_bytes * 6 < 0.4 * torch.cuda.get_device_properties(device).total_memory):
         baselines["eager"] = lambda q, k, v, causal: v1_attention.attend(q, k, v)
-    return KernelCase("flash_attention", dtype, batch, seq, f"({batch}, {heads}/{kv_heads}, {seq}, {head_dim})",
+    mask = "" if causal else ", full"
+    return KernelCase("flash_attention", dtype, batch, seq, f"({batch}, {heads}/{kv_heads}, {seq}, {head_dim}{mask})",
                       make, ["q", "k", "v"], flash_attention, flash_attention_reference, baselines, work,
-                      "TFLOP/s", {"causal": True})
+                      "TFLOP/s", {"causal": causal})
 
 
 def _sdpa(backend: str | None) -> Callable[..., torch.Tensor]:
@@ -356,9 +361,13 @@ def run_kernel_bench(
     ceilings: dict[str, float] | None = None,
     progress: bool = True,
     seed: int = 0,
+    causal: bool = True,
+    kv_heads: int | None = None,
 ) -> Any:
     """Check, then time, each kernel against PyTorch; returns a pandas DataFrame, one row per
-    (kernel, dtype, sequence length, implementation, pass). See the module docstring."""
+    (kernel, dtype, sequence length, implementation, pass). See the module docstring. Attention is
+    causal unless ``causal=False``, with the preset's key/value heads unless ``kv_heads`` is given
+    (the query heads' number: no grouped-query sharing)."""
     import pandas as pd
 
     unknown = set(kernels) - set(KERNELS) or set(dtypes) - set(DTYPES) or set(passes) - set(PASSES)
@@ -372,6 +381,10 @@ def run_kernel_bench(
     if batch < 1 or any(s < 1 for s in seq_lens):
         raise ValueError("batch size and sequence lengths must be at least 1")
     config = make_config(preset, max_seq_len=max([chosen.model.max_seq_len, *seq_lens]))
+    if kv_heads is not None:
+        if kv_heads < 1 or config.num_heads % kv_heads:
+            raise ValueError(f"kv_heads {kv_heads} must divide the preset's {config.num_heads} query heads")
+        config = replace(config, num_kv_heads=kv_heads)
     ceilings = ceilings or measure_kernel_ceilings(dtypes, device)
     stamp = {"device": dev.device_name(device), "date": _dt.date.today().isoformat(), "preset": preset,
              "torch": torch.__version__, "triton": dev.environment_summary(device).get("triton"),
@@ -382,7 +395,8 @@ def run_kernel_bench(
     for kernel, dtype_name, seq in progress_bar(todo, "kernel bench" if progress else None):
         base = {"kernel": kernel, "dtype": dtype_name, "batch": batch, "seq_len": seq, **stamp}
         try:
-            case = _CASES[kernel](config, batch, seq, DTYPES[dtype_name], device)
+            options = {"causal": causal} if kernel == "flash_attention" else {}
+            case = _CASES[kernel](config, batch, seq, DTYPES[dtype_name], device, **options)
             base["shape"] = case.shape
             rows.extend(_bench_case(case, base, device, repeat, passes, ceilings, dtype_name, seed))
         except Exception as error:  # noqa: BLE001 - one failing case must not lose the others
@@ -527,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", help="model shapes (default medium on a GPU, ci on the CPU)")
     parser.add_argument("--batch-size", type=int, help="default: the preset's")
     parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
+    parser.add_argument("--full", action="store_true", help="attention without the causal mask")
+    parser.add_argument("--kv-heads", type=int, help="attention's key/value heads (default: the preset's; the "
+                        "number of query heads for no grouped-query sharing)")
     parser.add_argument("--repeat", type=int, default=10, help="timed samples per measurement (default 10)")
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: the GPU if there is one)")
     parser.add_argument("--json", metavar="PATH", help="append the rows to this JSON list file")
@@ -543,7 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("note: no GPU, the kernels run in Triton's interpreter (slow); the times say nothing "
                   "about a GPU", file=sys.stderr)
         frame = run_kernel_bench(args.kernels, args.dtypes, args.seq_lens, args.preset, args.batch_size, device,
-                                 args.repeat, args.passes, progress=not args.quiet)
+                                 args.repeat, args.passes, progress=not args.quiet, causal=not args.full,
+                                 kv_heads=args.kv_heads)
     except (ValueError, dev.DeviceUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
