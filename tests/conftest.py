@@ -47,3 +47,17 @@ def strict(monkeypatch: pytest.MonkeyPatch) -> None:
 def lenient(monkeypatch: pytest.MonkeyPatch) -> None:
     """Checks print their verdict and go on, as in a participant's notebook."""
     monkeypatch.delenv("WORKSHOP_STRICT", raising=False)
+
+
+def logits_and_grads(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One forward and backward of ``model``: its logits and every parameter's gradient under V1's
+    names (fused gradients split into their parts), the gradients cleared again afterwards."""
+    from tinyllama.models import lm_loss
+    from tinyllama.models.weights import canonical_gradients
+
+    model.zero_grad(set_to_none=True)
+    logits = model(tokens)
+    lm_loss(logits, tokens).backward()
+    grads = canonical_gradients(model)
+    model.zero_grad(set_to_none=True)
+    return logits.detach(), grads

@@ -9,13 +9,13 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import DEVICE
+from conftest import DEVICE, logits_and_grads
 
 from tinyllama import kernels
 from tinyllama.config import get_preset
 from tinyllama.kernels._ops import dispatch_through_ops
-from tinyllama.models import build, lm_loss
-from tinyllama.models.weights import canonical_gradients, transfer_weights
+from tinyllama.models import build
+from tinyllama.models.weights import transfer_weights
 from tinyllama.profiling.flops import count_flops
 
 OPS = ("rmsnorm_forward", "rmsnorm_backward", "rope", "swiglu_forward", "swiglu_backward", "swiglu_packed_forward",
@@ -30,15 +30,6 @@ def config():
 @pytest.fixture(scope="module")
 def tokens(config):
     return torch.randint(0, config.vocab_size, (2, 21), generator=torch.Generator().manual_seed(0)).to(DEVICE)
-
-
-def _step(model, tokens):
-    model.zero_grad(set_to_none=True)
-    logits = model(tokens)
-    lm_loss(logits, tokens).backward()
-    grads = canonical_gradients(model)
-    model.zero_grad(set_to_none=True)
-    return logits.detach(), grads
 
 
 def test_every_operator_is_registered():
@@ -61,8 +52,8 @@ def test_compiled_v3_trains_like_eager_v3(config, tokens):
     eager = build("v3", config).to(DEVICE)
     compiled_model = transfer_weights(eager, build("v3", config).to(DEVICE))
     compiled = torch.compile(compiled_model)
-    logits0, grads0 = _step(eager, tokens)
-    logits1, grads1 = _step(compiled, tokens)
+    logits0, grads0 = logits_and_grads(eager, tokens)
+    logits1, grads1 = logits_and_grads(compiled, tokens)
     torch.testing.assert_close(logits1, logits0, rtol=1e-5, atol=1e-5)
     assert grads1.keys() == grads0.keys()
     for name, grad in grads0.items():
@@ -81,9 +72,9 @@ def test_flop_counter_counts_v3_attention_as_pytorch_attention(config, tokens):
     v1 = build("v1", config).to(DEVICE)
     v3 = transfer_weights(v1, build("v3", config).to(DEVICE))
     v4 = transfer_weights(v1, build("v4", config).to(DEVICE))
-    step = count_flops(lambda: _step(v3, tokens))
+    step = count_flops(lambda: logits_and_grads(v3, tokens))
     ours = _attention_flops(step, ["tinyllama.flash_attention"])
-    sdpa = count_flops(lambda: _step(v4, tokens))
+    sdpa = count_flops(lambda: logits_and_grads(v4, tokens))
     theirs = _attention_flops(sdpa, ["scaled_dot_product", "flash_attention_for_cpu"])
     batch, seq = tokens.shape
     forward = 4 * batch * config.num_heads * seq * seq * config.head_dim * config.num_layers
@@ -106,7 +97,7 @@ def test_the_profiler_names_the_operators(config, tokens):
     torch.manual_seed(0)
     v3 = build("v3", config).to(DEVICE)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        _step(v3, tokens)
+        logits_and_grads(v3, tokens)
     counts = {event.key: event.count for event in prof.key_averages()}
     assert WANTED <= counts.keys(), WANTED - counts.keys()
     layers = config.num_layers
@@ -123,7 +114,7 @@ def test_the_profiler_names_the_dispatched_operators(config, tokens):
     v3 = build("v3", config).to(DEVICE)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         with FlopCounterMode(display=False):
-            _step(v3, tokens)
+            logits_and_grads(v3, tokens)
     names = {event.key for event in prof.key_averages()}
     assert WANTED <= names, WANTED - names
 

@@ -9,14 +9,14 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import DEVICE
+from conftest import DEVICE, logits_and_grads
 
 from tinyllama.checks import check_every_parameter_trained
 from tinyllama.config import get_preset, make_config
 from tinyllama.kernels import max_relative_error
 from tinyllama.kernels._triton import Launcher
 from tinyllama.models import DESCRIPTIONS, VERSIONS, build, lm_loss
-from tinyllama.models.weights import canonical_gradients, canonical_state_dict, transfer_weights
+from tinyllama.models.weights import canonical_state_dict, transfer_weights
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +32,6 @@ def pair(config):
     v3 = transfer_weights(v1, build("v3", config).to(DEVICE))
     tokens = torch.randint(0, config.vocab_size, (2, 33), device=DEVICE)
     return v1, v3, tokens
-
-
-def _logits_and_grads(model, tokens):
-    """Logits and every parameter's gradient under V1's names (fused gradients split into parts)."""
-    model.zero_grad(set_to_none=True)
-    logits = model(tokens)
-    lm_loss(logits, tokens).backward()
-    grads = canonical_gradients(model)
-    model.zero_grad(set_to_none=True)
-    return logits.detach(), grads
 
 
 def test_v3_is_registered(config):
@@ -66,7 +56,7 @@ def test_v3_launches_each_triton_kernel_the_expected_number_of_times(pair, monke
     original = Launcher.__call__
     monkeypatch.setattr(Launcher, "__call__",
                         lambda self, grid, *a, **k: launches.update([self.name]) or original(self, grid, *a, **k))
-    _logits_and_grads(v3, tokens)
+    logits_and_grads(v3, tokens)
     layers = v3.config.num_layers
     assert launches == {"_rmsnorm_fwd_kernel": 2 * layers + 1, "_rmsnorm_bwd_kernel": 2 * layers + 1,
                         "_rope_kernel": 2 * layers, "_swiglu_fwd_kernel": layers, "_swiglu_bwd_kernel": layers,
@@ -75,8 +65,8 @@ def test_v3_launches_each_triton_kernel_the_expected_number_of_times(pair, monke
 
 def test_same_weights_give_v1_logits_and_gradients(pair):
     v1, v3, tokens = pair
-    logits1, grads1 = _logits_and_grads(v1, tokens)
-    logits3, grads3 = _logits_and_grads(v3, tokens)
+    logits1, grads1 = logits_and_grads(v1, tokens)
+    logits3, grads3 = logits_and_grads(v3, tokens)
     assert max_relative_error(logits3, logits1) < 1e-4
     for name, grad in grads1.items():
         assert max_relative_error(grads3[name], grad) < 1e-3, name
@@ -120,9 +110,9 @@ def test_stage_2_feeds_the_kernels_transposed_tensors_and_computes_the_same(pair
         return original(gate, up)
 
     monkeypatch.setattr(swiglu_module, "swiglu_forward", spy)
-    logits2, grads2 = _logits_and_grads(stage2, tokens)
+    logits2, grads2 = logits_and_grads(stage2, tokens)
     assert seen and all(stride != 1 for stride in seen)  # the feature dimension is strided
-    logits3, grads3 = _logits_and_grads(v3, tokens)
+    logits3, grads3 = logits_and_grads(v3, tokens)
     assert max_relative_error(logits2, logits3) < 1e-4
     for name, grad in grads3.items():
         assert max_relative_error(grads2[name], grad) < 1e-3, name
