@@ -153,10 +153,12 @@ def rope_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return _rotate(x, cos, sin, inverse=False)
 
 
-def rope_backward(dout: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``dx`` for the upstream gradient ``dout``: ``dout`` rotated by minus the angles."""
+def rope_backward(dout: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """``dx`` for the upstream gradient ``dout``: ``dout`` rotated by minus the angles, into ``out``
+    if given (``dout`` itself rotates in place; see ``_rotate``)."""
     _check(dout, cos, sin)
-    return _rotate(dout, cos, sin, inverse=True)
+    return _rotate(dout, cos, sin, inverse=True, out=out)
 
 
 class RoPEFunction(torch.autograd.Function):

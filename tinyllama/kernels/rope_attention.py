@@ -28,8 +28,7 @@ from tinyllama.kernels._triton import check_tensors
 from tinyllama.kernels.flash_attention import (
     flash_attention, flash_attention_backward, flash_attention_forward, flash_attention_reference,
 )
-from tinyllama.kernels.rope import _check as _check_rope
-from tinyllama.kernels.rope import _rotate, rope, rope_reference
+from tinyllama.kernels.rope import rope, rope_backward, rope_forward, rope_reference
 
 
 def _heads(qkv: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
@@ -58,10 +57,8 @@ class RoPEAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, cos, sin, heads, kv_heads, causal):  # type: ignore[override]
         all_heads = _heads(qkv, heads, kv_heads)
-        qk = all_heads[:, :heads + kv_heads]
-        _check_rope(qk, cos, sin)
         with _ops.named("rope"):
-            qk = _rotate(qk, cos, sin, inverse=False)
+            qk = rope_forward(all_heads[:, :heads + kv_heads], cos, sin)
         q, k, v = qk[:, :heads], qk[:, heads:], all_heads[:, heads + kv_heads:]
         with _ops.named("flash_attention_forward"):
             out, lse = flash_attention_forward(q, k, v, causal)
@@ -82,7 +79,7 @@ class RoPEAttentionFunction(torch.autograd.Function):
                                      grads=_split(grad_heads, heads, kv_heads))
         dqk = grad_heads[:, :heads + kv_heads]
         with _ops.named("rope"):
-            _rotate(dqk, cos, sin, inverse=True, out=dqk)  # in place: rotate back by minus the angle
+            rope_backward(dqk, cos, sin, out=dqk)  # in place: rotate back by minus the angle
         return grad.view(batch, seq, width), None, None, None, None, None
 
 
