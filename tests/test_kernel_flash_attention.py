@@ -15,7 +15,7 @@ from conftest import DEVICE
 
 from tinyllama import device as dev
 from tinyllama.kernels import KernelMismatch, _triton, flash_attention, flash_attention_reference
-from tinyllama.kernels._triton import compare_with_reference, max_relative_error, use_tensor_descriptors
+from tinyllama.kernels._triton import MAX_GRID_Y, compare_with_reference, max_relative_error, use_tensor_descriptors
 from tinyllama.kernels.flash_attention import flash_attention_forward, log_sum_exp_reference
 
 # (batch, heads, kv_heads, seq, head_dim)
@@ -128,6 +128,10 @@ def test_bad_inputs_give_a_clear_error():
         flash_attention(x, x, x)
     with pytest.raises(ValueError, match="4-D"):
         flash_attention(q[0], q[0], q[0])
+    # the grid's second axis counts sequence blocks: a sequence past it is refused before any allocation
+    huge = torch.zeros(1, 1, 1, 16, device=DEVICE).expand(1, 1, 16 * MAX_GRID_Y + 1, 16)
+    with pytest.raises(ValueError, match="too long"):
+        flash_attention(huge, huge, huge)
 
 
 # ------------------------------------------------------------------------------------------------

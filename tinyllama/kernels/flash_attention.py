@@ -21,6 +21,14 @@ On a GPU with a Tensor Memory Accelerator (NVIDIA Hopper and later) the kernels 
 address arithmetic in the threads; elsewhere (AMD, older GPUs, the interpreter) through pointers. The
 two paths compute the same values (see ``tinyllama.kernels._triton.use_tensor_descriptors``).
 
+Block order. Under the causal mask the programs' work differs: a query block sees as many keys as
+precede it, a key block as many queries as follow it. A GPU starts programs in grid order as SMs
+free up, so the grid puts the head on the fast axis and orders blocks heaviest first (the last query
+blocks, the first key blocks): the light programs then fill the gaps at the end instead of one heavy
+program running alone. On an H200 (medium shapes, S 4096) the dK/dV kernel ran one 256-thread program
+per SM in two waves, and light-first order left it at about 1.5x its balanced time (simulated from
+the program counts; measured in benchmarks/2026-11-23g_h200_issue21.md).
+
 Grouped-query attention: query head ``h`` reads key/value head ``h // (heads // kv_heads)`` by index;
 K and V are never copied per query head. Tensors may have any batch, head and sequence strides (the
 (batch, seq, heads, head_dim) layout of a projection's output goes straight in); a head dimension that
@@ -178,8 +186,10 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, sm_scale,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                      UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
-    off_bh = tl.program_id(1)
+    # Heaviest programs first (see "Block order" above): the head is the fast grid axis, and the last
+    # query blocks, which see the most keys under the causal mask, come first.
+    off_bh = tl.program_id(0)
+    start_m = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
     off_b = (off_bh // H).to(tl.int64)
     off_h = off_bh % H
     off_kvh = (off_h // GROUPS).to(tl.int64)
@@ -258,8 +268,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                           UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_n = tl.program_id(0) * BLOCK_N
-    off_bkv = tl.program_id(1)
+    # Heaviest programs first (see "Block order" above): the first key blocks, seen by the most queries.
+    off_bkv = tl.program_id(0)
+    start_n = tl.program_id(1) * BLOCK_N
     KV_HEADS = H // GROUPS
     off_b = (off_bkv // KV_HEADS).to(tl.int64)
     off_kvh = (off_bkv % KV_HEADS).to(tl.int64)
@@ -335,8 +346,10 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sm_scale,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                         UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
-    off_bh = tl.program_id(1)
+    # Heaviest programs first (see "Block order" above): the head is the fast grid axis, and the last
+    # query blocks, which see the most keys under the causal mask, come first.
+    off_bh = tl.program_id(0)
+    start_m = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
     off_b = (off_bh // H).to(tl.int64)
     off_h = off_bh % H
     off_kvh = (off_h // GROUPS).to(tl.int64)
@@ -409,8 +422,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *more: torch.Tenso
         raise ValueError(f"flash_attention: head_dim {d} is not supported; use one of {HEAD_DIMS}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"flash_attention: q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; make them equal")
-    if b * h > MAX_GRID_Y:
-        raise ValueError(f"flash_attention: batch x heads = {b * h} exceeds {MAX_GRID_Y}; split the batch")
+    if cdiv(s, 16) > MAX_GRID_Y:  # the grid's second axis counts blocks of at least 16 positions
+        raise ValueError(f"flash_attention: a sequence of {s} positions is too long; at most {16 * MAX_GRID_Y}")
 
 
 def _meta(causal: bool, *tensors: torch.Tensor) -> dict:
@@ -439,7 +452,7 @@ def flash_attention_forward(
     out = _empty_bshd(batch, heads, seq, head_dim, q)
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     if out.numel():
-        grid = lambda meta: (cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+        grid = lambda meta: (batch * heads, cdiv(seq, meta["BLOCK_M"]))  # noqa: E731
         _attn_fwd_kernel(grid, q, k, v, out, lse, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v), *_bhsd(out),
                          heads, seq, groups, batch, **_meta(causal, q, k, v))
     return out, lse
@@ -474,10 +487,10 @@ def flash_attention_backward(
         return dq, dk, dv
     delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel
     meta = _meta(causal, q, k, v, out, dout)
-    grid_q = lambda m: (cdiv(seq, m["BLOCK_M"]), batch * heads)  # noqa: E731
+    grid_q = lambda m: (batch * heads, cdiv(seq, m["BLOCK_M"]))  # noqa: E731
     _attn_bwd_dq_kernel(grid_q, q, k, v, out, dout, lse, delta, dq, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
                         *_bhsd(out), *_bhsd(dout), *_bhsd(dq), heads, seq, groups, batch, **meta)
-    grid_kv = lambda m: (cdiv(seq, m["BLOCK_N"]), batch * kv_heads)  # noqa: E731
+    grid_kv = lambda m: (batch * kv_heads, cdiv(seq, m["BLOCK_N"]))  # noqa: E731
     _attn_bwd_dkdv_kernel(grid_kv, q, k, v, dout, lse, delta, dk, dv, sm_scale, *_bhsd(q), *_bhsd(k), *_bhsd(v),
                           *_bhsd(dout), *_bhsd(dk), *_bhsd(dv), heads, seq, groups, batch, **meta)
     return dq, dk, dv
