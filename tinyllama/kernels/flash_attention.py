@@ -63,8 +63,11 @@ HEAD_DIMS = (16, 32, 64, 128)
 # tile of 128 keys x 32 queries). Register use, read from ptxas for sm_90a (Triton 3.8, see
 # benchmarks/2026-11-23e_h200_flash_attention.md): at head_dim 128 the dK/dV kernel holds two
 # (BLOCK_N x 128) fp32 accumulators and is at the 255-register limit; the tiles that spill there by
-# hundreds of bytes or more are offered up to head_dim 64 only. Pointer loads cost more registers
-# than tensor-descriptor loads (the addresses of a whole tile), up to spilling where TMA does not.
+# hundreds of bytes or more are offered up to head_dim 64 only, unless timed faster: the dK/dV tile
+# (64 queries, 128 keys, 8 warps) spills there, and it and the 4-warp tiles of 64 keys were 7-17% faster
+# than the tile the autotuner had picked from the others (H200, benchmarks/2026-11-23g_h200_issue21.md,
+# "Tiles"). Pointer loads cost more registers than tensor-descriptor loads (the addresses of a whole
+# tile), up to spilling where TMA does not.
 # fp32 tiles hold twice the bytes and fp32 products do not use tensor cores, so fp32 inputs get their
 # own small candidates (correct, not fast: fp32 attention is there to check the model against V1,
 # bf16 is for speed). Few candidates on purpose: each is compiled (seconds) and timed on first use.
@@ -109,8 +112,9 @@ def _with_ws(tiles: list[_Tile]) -> list[_Tile]:
 _FWD = _configs(_with_ws([_Tile(128, 128, 8, 3), _Tile(128, 64, 8, 3), _Tile(128, 64, 8, 4), _Tile(64, 64, 4, 3),
                           _Tile(64, 32, 4, 4),
                           _Tile(32, 16, 4, 2, fp32=True), _Tile(32, 32, 8, 2, fp32=True)]), _Tile(32, 16, 4, 1))
-_DKDV = _configs(_with_ws([_Tile(32, 128, 4, 5, max_head_dim=64), _Tile(64, 128, 8, 2, max_head_dim=64),
-                           _Tile(32, 128, 8, 3), _Tile(16, 128, 8, 3), _Tile(32, 64, 8, 3), _Tile(16, 64, 8, 3),
+_DKDV = _configs(_with_ws([_Tile(32, 128, 4, 5, max_head_dim=64), _Tile(64, 128, 8, 2), _Tile(64, 64, 4, 2),
+                           _Tile(32, 64, 4, 3), _Tile(32, 128, 8, 3), _Tile(16, 128, 8, 3), _Tile(32, 64, 8, 3),
+                           _Tile(16, 64, 8, 3),
                            _Tile(16, 16, 4, 2, fp32=True), _Tile(16, 32, 8, 2, fp32=True)]), _Tile(16, 32, 4, 1))
 _DQ = _configs(_with_ws([_Tile(128, 32, 4, 5, max_head_dim=64), _Tile(128, 64, 8, 3), _Tile(128, 32, 8, 3),
                          _Tile(64, 64, 8, 3), _Tile(64, 32, 4, 3),
