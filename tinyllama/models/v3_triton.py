@@ -61,29 +61,18 @@ class RMSNorm(v1.RMSNorm):
         return kernels.rmsnorm(x, self.weight, self.eps, out_dtype=_autocast_dtype(x))
 
 
-class RotaryEmbedding(v1.RotaryEmbedding):
-    """V1's rotary embedding through the Triton kernel (V1's fp32 tables, fp32 arithmetic)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.rope(x, self.cos, self.sin)
-
-
 class Attention(v2.FusedAttention):
-    """V2's attention (one QKV projection) with Triton RoPE and flash attention. The output is
-    stored (batch, seq, heads, head_dim), so the merge of the heads before ``o_proj`` is a view."""
-
-    rope_class = RotaryEmbedding
+    """V2's attention (one QKV projection) with Triton RoPE and flash attention, which read V1's fp32
+    rotary tables (``self.rope.cos``, ``self.rope.sin``). The output is stored (batch, seq, heads,
+    head_dim), so the merge of the heads before ``o_proj`` is a view."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, fuse_qkv=True, sdpa=False)
         del self.causal_mask  # the kernel masks by index; no (seq x seq) mask in memory
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return kernels.flash_attention(q, k, v, causal=True)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # project_qkv + attend in one Function: the same kernels with fewer launches and autograd
-        # nodes around them (eager V3 is bound by its host time)
+        # V2's project_qkv + attend (RoPE, then attention) in one Function: the same kernels with
+        # fewer launches and autograd nodes around them (eager V3 is bound by its host time)
         batch, seq, _ = x.shape
         out = kernels.rope_attention(self.qkv_proj(x), self.rope.cos, self.rope.sin, self.num_heads,
                                      self.num_kv_heads, causal=True)
