@@ -55,6 +55,17 @@ def test_half_precision():
     compare_with_reference(flash_attention, flash_attention_reference, [q, k, v], ["q", "k", "v"])
 
 
+def test_a_given_scale_matches_the_reference():
+    """The forward keeps its running maximum in scaled units (the row maximum times the scale). Large
+    raw scores with a small scale give ordinary probabilities; a maximum kept unscaled there would
+    push every exp2 below the smallest float (0 / 0, a NaN output)."""
+    q, k, v = _qkv(SHAPES[1], torch.float32, seed=14)
+    q, k = (q.detach() * 5).requires_grad_(), (k.detach() * 5).requires_grad_()
+    for causal in (True, False):
+        compare_with_reference(flash_attention, flash_attention_reference, [q, k, v], ["q", "k", "v"],
+                               causal=causal, sm_scale=0.01)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_saved_log_sum_exp(causal):
     q, k, v = _qkv(SHAPES[1], torch.float32, seed=9)
@@ -128,6 +139,8 @@ def test_bad_inputs_give_a_clear_error():
         flash_attention(x, x, x)
     with pytest.raises(ValueError, match="4-D"):
         flash_attention(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="sm_scale must be positive"):
+        flash_attention(q, q, q, sm_scale=-0.25)
     # the grid's second axis counts sequence blocks: a sequence past it is refused before any allocation
     huge = torch.zeros(1, 1, 1, 16, device=DEVICE).expand(1, 1, 16 * MAX_GRID_Y + 1, 16)
     with pytest.raises(ValueError, match="too long"):
