@@ -7,6 +7,7 @@
 #   bash course.sh kernel       on a JupyterHub: register the course's kernel for this user and copy
 #                               the notebooks to ~/tinyllama-workshop/notebooks
 #   bash course.sh setup        only set up .venv (WORKSHOP_VENV=/opt/venv: a shared one, for a hub)
+#   bash course.sh lock         re-pin constraints.txt (the tested versions) to what .venv has
 #
 # Set-up makes .venv in this folder (or $WORKSHOP_VENV, remembered for later calls) and installs the
 # project into it. A PyTorch that is already installed (an AMD node's ROCm build from `module load
@@ -41,17 +42,30 @@ setup() {
         fi
     fi
     local stamp="$VENV/.installed"
-    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
         echo "Installing the workshop into $VENV (the first time takes a few minutes) ..."
-        local constraints="$VENV/keep-torch.txt"
-        : > "$constraints"
-        if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-            # Pin whatever torch is there, so that pip cannot swap a ROCm build for a CUDA one. The pin
-            # names the public version (2.14.1, not 2.14.1+rocm6.4): the installed build satisfies it,
-            # and pip's resolver refuses a local label beside a site-wide cap such as torch<=2.14.1.
-            "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$constraints"
-        fi
-        "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+        # constraints.txt holds the versions the test suite passed with; set-up installs exactly those.
+        # What the Python already has (a site's ROCm PyTorch and the packages beside it) is kept as it is,
+        # pinned to its installed version so that pip can never swap a ROCm build for a CUDA one.
+        local constraints="$VENV/constraints.txt"
+        "$VENV/bin/python" - "$ROOT/constraints.txt" > "$constraints" <<'PY'
+import re, sys
+from importlib.metadata import distributions
+
+def key(name): return re.sub(r"[-_.]+", "-", name).lower()
+
+# The public version (2.14.1, not 2.14.1+rocm6.4): the installed build satisfies it, and pip's resolver
+# refuses a local label beside a site-wide cap such as torch<=2.14.1.
+have = {key(d.metadata["Name"]): d.version.split("+")[0] for d in distributions() if d.metadata["Name"]}
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line and key(line.split("==")[0]) not in have:
+        print(line)
+for name in ("torch", "torchvision", "triton", "pytorch-triton-rocm"):
+    if name in have:
+        print(f"{name}=={have[name]}")
+PY
+        "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" pip 2>&1 | grep -v "is ignored" || true
         "$VENV/bin/python" -m pip install -q -c "$constraints" -e ".[test]" 2>&1 | grep -v "is ignored" || true
         "$VENV/bin/python" -c "import tinyllama, inference, torch, torchvision, jupyterlab, nbval" \
             || { echo "set-up failed: see the pip messages above"; exit 1; }
@@ -122,13 +136,29 @@ case "${1:-start}" in
         shift || true
         export WORKSHOP_PROFILE=ci WORKSHOP_STRICT=1
         export WORKSHOP_RESULTS_DIR=${WORKSHOP_RESULTS_DIR:-$(mktemp -d)}
+        # The notebooks compile into empty caches of this run's own: a cache an earlier run left could
+        # hide a changed kernel (torch.compile does not invalidate it when a custom operator changes).
+        CACHES=$(mktemp -d)
+        trap 'rm -rf "$CACHES"' EXIT
+        export TORCHINDUCTOR_CACHE_DIR=$CACHES/inductor TRITON_CACHE_DIR=$CACHES/triton
         "$VENV/bin/python" -m pytest tests -q "$@"
         "$VENV/bin/python" -m pytest -q --nbval-lax --nbval-current-env \
             --nbval-sanitize-with tests/nbval_sanitize.cfg solutions ;;
+    lock)
+        # Re-pins constraints.txt to what this venv has. Run it in a venv made from a Python without torch
+        # (no site packages), after `pip install -U` of what should move, then `bash course.sh test`, and
+        # commit both: the lock changes only together with a green suite.
+        setup
+        {
+            echo "# The versions the test suite passed with; course.sh installs exactly these (what a site's Python"
+            echo "# already has, its own PyTorch build say, is kept instead). Regenerate with \`bash course.sh lock\`."
+            "$VENV/bin/python" -m pip freeze --all --exclude-editable | grep -v -E "^(setuptools|wheel)==" | LC_ALL=C sort -f
+        } > constraints.txt
+        echo "constraints.txt: $(grep -c "==" constraints.txt) pinned packages" ;;
     instructor)
         setup
         shift || true
         exec "$VENV/bin/python" -m tinyllama.course.run_solutions "$@" ;;
     *)
-        sed -n '2,13p' "$0"; exit 2 ;;
+        sed -n '2,14p' "$0"; exit 2 ;;
 esac

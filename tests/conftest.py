@@ -4,9 +4,20 @@
 ``@pytest.mark.gpu`` and are skipped without one."""
 
 import os
+import tempfile
 
 import pytest
-import torch
+
+# Each test session compiles into empty Inductor and Triton caches of its own, never into one another run
+# left: torch.compile's on-disk cache is not invalidated when a custom operator's registered backward
+# changes, so a stale entry could hide a broken kernel or fail correct code. Set before torch is imported.
+_SESSION_DIR = tempfile.mkdtemp(prefix="tinyllama-tests-")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_SESSION_DIR, "inductor")
+os.environ["TRITON_CACHE_DIR"] = os.path.join(_SESSION_DIR, "triton")
+# Tests must never write results into a user's real results directory.
+os.environ["WORKSHOP_RESULTS_DIR"] = os.path.join(_SESSION_DIR, "results")
+
+import torch  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -16,7 +27,6 @@ DEVICE = "cuda" if GPU else "cpu"
 if not GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Tests must never write results into a user's real results directory.
 os.environ.setdefault("WORKSHOP_PROFILE", "ci")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

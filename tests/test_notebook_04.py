@@ -190,14 +190,25 @@ def test_batch_norm_and_relu_work_as_the_roofline_counts_it():
     assert flops_checks.layer_work(nn.ReLU(inplace=True), (3, 8, 5, 7)) == (elements, 4 * 2 * elements)
 
 
-def test_convolutions_follow_cudnns_tf32_switch_and_matmuls_their_own(monkeypatch):
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+@pytest.fixture
+def tf32_switches():
+    """PyTorch's two public TF32 switches, restored after the test (``torch.backends.cuda.matmul`` serves
+    ``allow_tf32`` through ``__getattr__``, which monkeypatch cannot undo)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_convolutions_follow_cudnns_tf32_switch_and_matmuls_their_own(monkeypatch, tf32_switches):
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = False
     monkeypatch.setattr(torch.version, "hip", None)
     assert attribution.allows_tf32("aten::convolution") and not attribution.allows_tf32("aten::mm")
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert attribution.allows_tf32("aten::mm")
+    torch.backends.cudnn.allow_tf32 = False
     assert not attribution.allows_tf32("aten::convolution")
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    torch.backends.cudnn.allow_tf32 = True
     monkeypatch.setattr(torch.version, "hip", "6.4")
     assert not attribution.allows_tf32("aten::convolution")  # MIOpen keeps fp32 convolutions in fp32
 
