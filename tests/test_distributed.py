@@ -193,6 +193,8 @@ def test_every_rank_is_reported_with_the_global_figures_and_the_scaling_efficien
     assert sorted(r["rank"] for r in records) == [0, 1]
     assert all(r["local_batch_size"] == 2 and r["world_size"] == 2 and r["backend"] == "gloo" for r in records)
     slowest = max(r["step_ms_median"] for r in records)
+    # each rank's own rate is its share of the batch (2 x 32 tokens) over its own median step
+    assert all(r["rank_tokens_per_s"] == pytest.approx(2 * 32 / (r["step_ms_median"] / 1e3)) for r in records)
     assert records[0]["tokens_per_s"] == pytest.approx(4 * 32 / (slowest / 1e3))
     assert records[0]["scaling_efficiency"] == pytest.approx(records[0]["tokens_per_s"] / (2 * 100))
     assert all(r["communication_ms"] > 0 for r in records)

@@ -130,5 +130,7 @@ def test_torchrun_with_gloo_splits_the_batch_and_reports_every_rank(tmp_path):
     assert sorted(r["rank"] for r in records) == [0, 1]
     assert all(r["local_batch_size"] == 2 and r["world_size"] == 2 for r in records)
     medians = [r["median_ms"] for r in records]
+    # each process's own rate is its share of the batch (2 samples) over its own median time
+    assert all(r["throughput"] == pytest.approx(2 / (r["median_ms"] / 1e3)) for r in records)
     assert records[0]["global_throughput"] == pytest.approx(4 / (max(medians) / 1e3))
     assert records[0]["scaling_efficiency"] == pytest.approx(records[0]["global_throughput"] / (2 * 10))

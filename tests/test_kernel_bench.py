@@ -1,11 +1,13 @@
 """The kernel benchmark checks before it times, refuses a wrong kernel, and reports what it measured."""
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
 import torch
 
+from tinyllama.config import make_config
 from tinyllama.kernels import bench
 
 FAKE_CEILINGS = {"copy_tbs": 1.0, "matmul_fp32_tflops": 1.0, "matmul_bf16_tflops": 1.0}
@@ -136,3 +138,39 @@ def test_attention_can_be_timed_without_the_mask_and_without_shared_heads():
     assert work(frame) / work(causal) == pytest.approx(2 * 5 / 6)
     with pytest.raises(ValueError, match="must divide"):
         bench.run_kernel_bench(kernels=["flash_attention"], kv_heads=3, **SMALL)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm", "rope", "swiglu"])
+def test_bytes_count_every_input_read_and_every_output_written(kernel):
+    """The achieved bandwidth is only as true as its byte count: a forward reads each input once and
+    writes its output once (small per-row extras such as RMSNorm's rstd on top); a backward reads the
+    output's gradient and writes each input's gradient at least."""
+    case = bench._CASES[kernel](make_config("ci"), 2, 7, torch.float32, torch.device("cpu"))
+    inputs = case.make_inputs(case.batch, 0)
+    out = case.reference(*inputs, **case.kwargs)
+    forward = _nbytes(inputs) + _nbytes([out])
+    assert forward <= case.work("forward") <= 1.1 * forward
+    assert case.work("backward") >= _nbytes([out]) + _nbytes(inputs)
+    assert case.work("forward+backward") == case.work("forward") + case.work("backward")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_flops_are_pytorchs_count_of_the_two_products(causal):
+    """Unmasked, the forward's FLOPs equal torch.utils.flop_counter's count of attention's two products
+    (QK^T and PV, two FLOPs per multiply-add); causal, the pairs a query can see, seq (seq + 1) / 2 of seq^2. The backward
+    does five such products (flash attention recomputes QK^T): 2.5 forwards."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = replace(make_config("ci"), num_kv_heads=make_config("ci").num_heads)
+    batch, seq = 2, 7
+    case = bench._attention_case(config, batch, seq, torch.float32, torch.device("cpu"), causal=causal)
+    q, k, v = (t.detach() for t in case.make_inputs(batch, 0))
+    with FlopCounterMode(display=False) as counter:
+        (q @ k.transpose(-2, -1)).softmax(-1) @ v
+    full = counter.get_total_flops()
+    assert case.work("forward") == pytest.approx(full * ((seq + 1) / (2 * seq) if causal else 1.0))
+    assert case.work("backward") == pytest.approx(2.5 * case.work("forward"))

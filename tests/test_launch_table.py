@@ -44,15 +44,21 @@ def test_the_capture_range_starts_and_stops_the_profiler_api_around_its_body(mon
     assert calls == ["body"]  # on the CPU only a PyTorch-profiler range
 
 
-def test_a_missing_profiler_api_does_not_stop_the_run(monkeypatch):
+@pytest.mark.parametrize("error", [RuntimeError("hipProfilerStart is deprecated"), AttributeError("no start")])
+def test_a_missing_profiler_api_does_not_stop_the_run(monkeypatch, error):
+    calls = []
+
     def broken():
-        raise RuntimeError("hipProfilerStart is deprecated")
+        calls.append("api")
+        raise error
     monkeypatch.setattr(torch.cuda.profiler, "start", broken)
     monkeypatch.setattr(torch.cuda.profiler, "stop", broken)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
     monkeypatch.setattr(dev, "backend", lambda: "cpu")
     with dev.capture_range("timed", torch.device("cuda")):
-        pass
+        calls.append("body")
+    # the body ran and was synchronised; only the capture range was lost
+    assert calls == ["api", "body", "synchronize", "api"]
 
 
 @pytest.mark.timeout(300)

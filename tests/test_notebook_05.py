@@ -1,6 +1,7 @@
 """Notebook 05 (inference on several GPUs): the recorded two-GPU run is read back as recorded, every exercise's
 reference answer passes its check and plausible wrong answers fail it, and the torchrun command it builds runs."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -102,6 +103,34 @@ def test_the_efficiency_passes(notebook, recorded):
 def test_efficiency_mistakes_fail(notebook, recorded, mistake):
     with pytest.raises(CheckpointFailed):
         notebook.run("05.2", _through_split(notebook, recorded), mistake)
+
+
+def test_an_efficiency_function_is_held_to_the_recorded_runs_own_figure(recorded):
+    """Right on the made-up runs is not enough: the recorded run's printed efficiency is checked too, so a
+    record whose figures disagree with one another is caught (and the check cannot pass by comparing the
+    function with itself)."""
+    right = lambda g, b, k: g / (k * b)  # noqa: E731
+    assert scaling_checks.check_efficiency_function(right, recorded)
+    inconsistent = dataclasses.replace(recorded, scaling_efficiency=recorded.scaling_efficiency * 1.01)
+    with pytest.raises(CheckpointFailed, match="differs from the efficiency the recorded run printed"):
+        scaling_checks.check_efficiency_function(right, inconsistent)
+
+
+def _measured_runs() -> pd.DataFrame:
+    return pd.DataFrame({"world_size": [1, 2, 2, 4, 4, 4, 4], "rank": [0, 0, 1, 0, 1, 2, 3],
+                         "scaling_efficiency": [None, 0.9, None, 0.8, None, None, None]})
+
+
+def test_the_measured_efficiencies_are_held_to_the_packages():
+    assert scaling_checks.check_measured_efficiency(pd.Series({1: 1.0, 2: 0.9, 4: 0.8}), _measured_runs())
+
+
+@pytest.mark.parametrize("efficiency", [{1: 1.0, 2: 1.8, 4: 3.2},  # not divided by k
+                                        {1: 100.0, 2: 90.0, 4: 80.0},  # a percent
+                                        {1: 1.0, 2: 0.9, 4: 0.9}])  # one run wrong
+def test_measured_efficiency_mistakes_fail(efficiency):
+    with pytest.raises(CheckpointFailed, match="against the package's"):
+        scaling_checks.check_measured_efficiency(pd.Series(efficiency), _measured_runs())
 
 
 def test_the_allreduce_passes(notebook, recorded):

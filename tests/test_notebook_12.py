@@ -1,6 +1,8 @@
 """Notebook 12's checks (tinyllama.fusion) catch plausible wrong answers, and its helpers read a
 comparison record as the notebook expects."""
 
+import time
+
 import pytest
 
 from tinyllama.compare import RUN_SETS, parse_run
@@ -99,5 +101,13 @@ def test_host_share_and_fusion_effects():
 
 
 def test_time_samples_gives_one_sample_per_repeat():
-    samples = time_samples(lambda: sum(range(100)), "cpu", warmup=1, repeat=4, inner=3)
-    assert len(samples) == 4 and all(s >= 0 for s in samples)
+    calls = []
+
+    def sleep_2ms():
+        calls.append(1)
+        time.sleep(0.002)
+
+    samples = time_samples(sleep_2ms, "cpu", warmup=1, repeat=4, inner=3)
+    # one warm-up call, then 4 samples of 3 calls each, each sample the mean of its 3 calls in ms
+    assert len(samples) == 4 and len(calls) == 1 + 4 * 3
+    assert all(2.0 <= s < 50.0 for s in samples), samples

@@ -5,7 +5,9 @@
 - :func:`check_efficiency_function`: a ``scaling_efficiency(global_throughput, baseline, k)`` on the recorded
   run and on made-up ones;
 - :func:`check_allreduce`: the time of a ring all-reduce of a model's gradients, and the efficiency a step
-  would keep if that time were added to it.
+  would keep if that time were added to it;
+- :func:`check_measured_efficiency`: the efficiencies the participant's function gives for this machine's runs
+  against those the benchmark itself reported.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import pandas as pd
+
 from inference.recorded import RecordedScaling
 from tinyllama.course.bottlenecks import slip_hint
-from tinyllama.course.checkpoints import check_between, check_equal, checkpoint
+from tinyllama.course.checkpoints import check_between, check_close, check_equal, checkpoint
 
 
 def check_split(per_rank_batch: int, global_throughput: float, recorded: RecordedScaling) -> bool:
@@ -100,3 +104,15 @@ def check_allreduce(allreduce_ms: float, exposed_efficiency: Callable[[float], f
             return checkpoint(False, "", f"exposed_efficiency({step_ms:g} ms) = {value:.4g}, expected {want:.4g}: the "
                                          f"step alone over the step plus the all-reduce ({expected:.3g} ms). {hint}".rstrip())
     return ok & checkpoint(True, "exposed_efficiency is the step's share of step + all-reduce", "")
+
+
+def check_measured_efficiency(efficiency: pd.Series, runs: pd.DataFrame) -> bool:
+    """``efficiency`` (by world size, from the participant's ``scaling_efficiency``) against the
+    ``scaling_efficiency`` that rank 0 of each multi-process run in ``runs`` reported, within 0.1%."""
+    reported = runs[(runs["rank"] == 0) & (runs["world_size"] > 1)].set_index("world_size")["scaling_efficiency"]
+    ok = True
+    for k, package in reported.items():
+        ok &= check_close(f"your efficiency on {k} processes against the package's", float(efficiency.loc[k]),
+                          float(package), rel_tol=1e-3,
+                          hint="scaling_efficiency must divide the global throughput by k x the baseline")
+    return ok
