@@ -44,3 +44,33 @@ def test_ci_runs_the_readmes_test_command():
 def test_the_design_cards_layout_exists():
     for name in ("notebooks", "tinyllama", "inference", "solutions", "tests", "environment.yml", "README.md"):
         assert (ROOT / name).exists(), name
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_lock_pins_every_dependency_to_one_version_that_meets_pyprojects_range():
+    """constraints.txt holds the tested version of every package set-up installs: each an exact pin,
+    each of pyproject's dependencies among them, and each pin inside pyproject's range."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version and re.fullmatch(r"[A-Za-z0-9_.\-]+", name), f"not an exact pin: {line!r}"
+            pins[_key(name)] = version
+    for requirement in map(Requirement, _pyproject_requirements()):
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        assert _key(requirement.name) in pins, f"{requirement.name} is not in constraints.txt"
+        assert requirement.specifier.contains(pins[_key(requirement.name)]), (requirement, pins[_key(requirement.name)])
+    assert {"pytest", "pip", "jupyterlab", "nbval"} <= set(pins)
+
+
+def test_set_up_installs_with_the_lock_and_keeps_what_the_site_has():
+    script = (ROOT / "course.sh").read_text()
+    assert '-c "$ROOT/constraints.txt" pip' in script and '-c "$constraints" -e ".[test]"' in script
+    assert '[ constraints.txt -nt "$stamp" ]' in script  # a new lock re-installs
