@@ -104,7 +104,8 @@ def test_norm_and_attention_mistakes_fail(notebook, mistake):
     ("return min(memory_roof, compute_tflops), bound", "return max(memory_roof, compute_tflops), bound"),
     ('"compute" if intensity >= compute_tflops / bandwidth_tbs else "memory"',
      '"memory" if intensity >= compute_tflops / bandwidth_tbs else "compute"'),  # the sides swapped
-    ("intensity >= compute_tflops / bandwidth_tbs", "intensity > compute_tflops / bandwidth_tbs"),  # the ridge itself
+    # the ridge upside down (at the ridge itself both roofs are equal: > and >= are both right there)
+    ("intensity >= compute_tflops / bandwidth_tbs", "intensity >= bandwidth_tbs / compute_tflops"),
     ("memory_roof = intensity * bandwidth_tbs", "memory_roof = intensity / bandwidth_tbs"),
 ])
 def test_roof_position_mistakes_fail(notebook, mistake):
