@@ -4,7 +4,9 @@
   where it is, the share of elements off, the region the wrong elements occupy (a tail of columns
   points at a mask), a constant factor (a missing scale), a transposed or misshapen result.
 - :func:`check_function` runs a participant's function and its reference on fresh random inputs over
-  a list of shapes (sizes that are not powers of two included) and passes only if every shape agrees.
+  a list of shapes (sizes that are not powers of two included) and passes only if every shape agrees;
+  with ``guard=True`` (a participant's kernel) a load or store past the end of a tensor is named, not a
+  crash (:mod:`tinyllama.course.guards`).
 - :func:`check_ratio` compares two timed series by the ratio of their medians, with its spread.
 - :func:`compare_prediction` puts what the participant predicted beside what was measured; it never
   fails, because a wrong prediction is the lesson, not an error.
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from tinyllama.course.checkpoints import checkpoint
+from tinyllama.course.guards import STORE_HINT, Guards
 
 Shape = tuple[int, ...]
 
@@ -150,7 +153,7 @@ def _outputs(value: Any) -> tuple[Any, ...]:
 
 def check_function(name: str, candidate: Callable[..., Any], reference: Callable[..., Any],
                    make_inputs: Callable[[Shape], Sequence[Any]], shapes: Iterable[Shape], atol: float = 1e-5,
-                   rtol: float = 1e-5, seed: int | None = None, hint: str = "") -> bool:
+                   rtol: float = 1e-5, seed: int | None = None, hint: str = "", guard: bool = False) -> bool:
     """Run ``candidate(*make_inputs(shape))`` and ``reference(...)`` on the same fresh random inputs for
     every shape, and pass only if every output agrees within ``atol + rtol * |reference|``.
 
@@ -158,6 +161,12 @@ def check_function(name: str, candidate: Callable[..., Any], reference: Callable
     ``seed``, else a fresh random seed that the feedback names, so a failure can be reproduced) and
     restores the notebook's generator state afterwards. Outputs may be tensors or tuples of tensors.
     Use shapes that are not powers of two: a missing mask only shows on them.
+
+    ``guard=True`` is for a candidate that launches a kernel of the participant's (Triton): it runs on
+    guarded copies of the inputs, and what it allocates is guarded too (:mod:`tinyllama.course.guards`),
+    so a load or store past the end of a tensor fails the check with a message that names the missing
+    mask, instead of crashing the interpreter or poisoning the GPU's context. The reference gets the
+    inputs as they are.
     """
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -168,13 +177,25 @@ def check_function(name: str, candidate: Callable[..., Any], reference: Callable
             torch.manual_seed(seed)
             inputs = tuple(make_inputs(shape))
         expected = _outputs(reference(*inputs))
+        guards = Guards(candidate) if guard else None
         try:
-            actual = _outputs(candidate(*inputs))
+            if guards is None:
+                actual = _outputs(candidate(*inputs))
+            else:
+                guarded = guards.inputs(inputs)
+                with guards:
+                    actual = _outputs(candidate(*guarded))
         except NotImplementedError:  # an exercise not written yet: its own message says what to do
             raise
         except Exception as error:  # the participant's code failed: say where, keep the traceback short
-            failures.append(f"shape {shape}: {type(error).__name__}: {error}")
+            found = guards.findings() if guards is not None else []
+            stopped = found and STORE_HINT in str(error)  # the guards stopped a store past an end: say only that
+            failures.extend(f"shape {shape}: {text}" for text in found)
+            if not stopped:
+                failures.append(f"shape {shape}: {type(error).__name__}: {error}")
             continue
+        if guards is not None:  # before the values: a kernel can go past an end and still get them right
+            failures.extend(f"shape {shape}: {text}" for text in guards.findings(actual, expected))
         if len(actual) != len(expected):
             failures.append(f"shape {shape}: returned {len(actual)} outputs, the reference returns {len(expected)}")
             continue
