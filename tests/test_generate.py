@@ -172,6 +172,36 @@ def test_the_static_step_masks_slots_not_written_yet(v1_model, prompt):
     assert torch.equal(generate(v1_model, prompt, NEW_TOKENS, runner=decoder), generate(v1_model, prompt, NEW_TOKENS))
 
 
+@torch.no_grad()
+def test_a_cache_writer_replaces_the_write_and_the_default_is_in_place(v1_model, prompt):
+    """``cache_writer`` (notebook 22's seam) is called for every layer of every forward with one layer's cache;
+    a writer that writes the same slots gives the same tokens, and one that writes a slot late does not."""
+    calls = []
+
+    def same(cache_k, cache_v, positions, k, v):
+        calls.append((tuple(cache_k.shape), positions.tolist()))
+        cache_k[:, :, positions] = k
+        cache_v[:, :, positions] = v
+
+    expected = generate(v1_model, prompt, NEW_TOKENS, use_cache=False)
+    decoder = CachedDecoder(v1_model, prompt.shape[0], PROMPT_LEN + NEW_TOKENS, cache_writer=same)
+    assert torch.equal(generate(v1_model, prompt, NEW_TOKENS, runner=decoder), expected)
+    shape = (prompt.shape[0], CONFIG.num_kv_heads, PROMPT_LEN + NEW_TOKENS, CONFIG.head_dim)
+    assert calls[0] == (shape, list(range(PROMPT_LEN)))  # the prefill, layer 0
+    assert len(calls) == CONFIG.num_layers * NEW_TOKENS and calls[-1] == (shape, [PROMPT_LEN + NEW_TOKENS - 2])
+
+    def late(cache_k, cache_v, positions, k, v):
+        same(cache_k, cache_v, (positions + 1).clamp(max=cache_k.shape[2] - 1), k, v)
+
+    decoder = CachedDecoder(v1_model, prompt.shape[0], PROMPT_LEN + NEW_TOKENS, cache_writer=late)
+    assert not check_generation(decoder, v1_model, prompt, NEW_TOKENS, "fp32").passed
+    default = CachedDecoder(v1_model, prompt.shape[0], PROMPT_LEN + NEW_TOKENS)
+    assert default.cache.writer is None and cache_module.KVCache.write.__doc__  # the default: write_in_place
+    k = torch.zeros(1, 1, 4, 2)
+    cache_module.write_in_place(k, k.clone(), torch.tensor([2]), torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))
+    assert k[0, 0, :, 0].tolist() == [0, 0, 1, 0]
+
+
 def test_cache_shape_dtype_and_size():
     cache = KVCache.allocate(CONFIG, batch=3, capacity=20, dtype=torch.bfloat16, device="cpu")
     assert cache.k.shape == (CONFIG.num_layers, 3, CONFIG.num_kv_heads, 20, CONFIG.head_dim) == cache.v.shape

@@ -106,6 +106,21 @@ class Profile:
     lab_workers: tuple[int, ...]
     lab_loss_tolerance: float
     lab_memory_batch: int
+    # 22_generation: the model of the ladder (preset, version, precision), its prompt and new tokens per
+    # sequence; the batch sweep's batches with its (short) prompt and new tokens, so that the weights, not the
+    # cache, dominate a step's bytes; whether the ladder compiles the decode step (seconds on a GPU, minutes of
+    # gcc on two CPU cores); warm-up and timed generations per configuration.
+    generation_preset: str
+    generation_version: str
+    generation_precision: str
+    generation_prompt_len: int
+    generation_new_tokens: int
+    generation_batches: tuple[int, ...]
+    generation_sweep_prompt_len: int
+    generation_sweep_new_tokens: int
+    generation_compile: bool
+    generation_warmup: int
+    generation_repeat: int
     # 02_precision: the largest-batch search runs under a memory budget (a real limit on any device)
     precision_budget_mib: int
     precision_search_network: str
@@ -189,6 +204,19 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 4),
         lab_loss_tolerance=0.03,
         lab_memory_batch=4,
+        # 22_generation: the medium model in bf16 with a 512-token prompt; the sweep up to batches where a
+        # step's FLOPs per byte pass the ridge point (a 16-token context keeps the cache small)
+        generation_preset="medium",
+        generation_version="v2",
+        generation_precision="bf16",
+        generation_prompt_len=512,
+        generation_new_tokens=64,
+        generation_batches=(1, 8, 32, 128, 512, 1024, 2048),
+        generation_sweep_prompt_len=16,
+        generation_sweep_new_tokens=16,
+        generation_compile=True,
+        generation_warmup=2,
+        generation_repeat=10,
         # 02_precision: ResNet-50 at 224 px in 4 GiB: a few hundred samples in fp32
         precision_budget_mib=4096,
         precision_search_network="resnet50",
@@ -264,6 +292,18 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 2),
         lab_loss_tolerance=0.05,
         lab_memory_batch=2,
+        # 22_generation: the ci model in fp32, short prompts, eager only (no CUDA graphs on a CPU)
+        generation_preset="ci",
+        generation_version="v2",
+        generation_precision="fp32",
+        generation_prompt_len=24,
+        generation_new_tokens=12,
+        generation_batches=(1, 4, 16, 64, 256),
+        generation_sweep_prompt_len=8,
+        generation_sweep_new_tokens=8,
+        generation_compile=False,
+        generation_warmup=1,
+        generation_repeat=5,
         # 02_precision: SqueezeNet at 32 px in 6 MiB (its fp32 weights take 4.8): tens of samples, since
         # 16-bit convolutions are slow on most CPUs
         precision_budget_mib=6,

@@ -20,7 +20,8 @@ The command line is ``python -m tinyllama.generate``.
 """
 
 from tinyllama.generation.benchmark import GenerationResult, run_generation_benchmark, time_generation
-from tinyllama.generation.cache import KVCache, attend, cached_forward, hidden_keys, project, rotary_rows, rotate
+from tinyllama.generation.cache import (KVCache, attend, cached_forward, hidden_keys, project, rotary_rows, rotate,
+                                        write_in_place)
 from tinyllama.generation.check import GenerationCheck, check_generation, first_divergence, teacher_forced_logits
 from tinyllama.generation.costs import decode_bytes, decode_flops
 from tinyllama.generation.runners import (DTYPES, CachedDecoder, Recompute, Runner, Sampling, cast_for_inference,
@@ -31,5 +32,5 @@ __all__ = [
     "attend", "cached_forward", "cast_for_inference", "check_generation", "decode_bytes", "decode_flops",
     "decode_loop", "first_divergence", "generate", "hidden_keys", "make_runner", "project", "rotary_rows", "rotate",
     "run_generation_benchmark",
-    "teacher_forced_logits", "time_generation",
+    "teacher_forced_logits", "time_generation", "write_in_place",
 ]

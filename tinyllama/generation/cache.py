@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,16 +28,21 @@ class KVCache:
     once and captured in a CUDA graph. Zeros, not ``torch.empty``: the attention masks positions not
     written yet, and a masked zero contributes exactly nothing, where uninitialised memory may hold NaN
     (and 0 * NaN is NaN).
+
+    ``writer`` replaces the write of one layer's new keys and values (``write_in_place`` by default) with
+    a function of the same signature: notebook 22's exercise plugs a participant's version in here.
     """
 
     k: torch.Tensor
     v: torch.Tensor
+    writer: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]] = None
 
     @classmethod
     def allocate(cls, config: ModelConfig, batch: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str) -> "KVCache":
+                 device: torch.device | str, writer: Optional[Callable[..., None]] = None) -> "KVCache":
         shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                   writer)
 
     @property
     def capacity(self) -> int:
@@ -48,8 +54,16 @@ class KVCache:
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``, ``v`` (batch, kv_heads, len(positions), head_dim) of ``layer`` at ``positions``."""
-        self.k[layer].index_copy_(2, positions, k)
-        self.v[layer].index_copy_(2, positions, v)
+        (self.writer or write_in_place)(self.k[layer], self.v[layer], positions, k, v)
+
+
+def write_in_place(cache_k: torch.Tensor, cache_v: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor) -> None:
+    """Write ``k``, ``v`` (batch, kv_heads, len, head_dim) into one layer's ``cache_k``, ``cache_v`` (batch,
+    kv_heads, capacity, head_dim) at slots ``positions`` (len,), in place (``index_copy_``): the same
+    addresses every step, as a compiled step and a CUDA graph need."""
+    cache_k.index_copy_(2, positions, k)
+    cache_v.index_copy_(2, positions, v)
 
 
 def rotary_rows(rope: nn.Module, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
