@@ -198,6 +198,11 @@ def test_every_rank_is_reported_with_the_global_figures_and_the_scaling_efficien
     assert records[0]["tokens_per_s"] == pytest.approx(4 * 32 / (slowest / 1e3))
     assert records[0]["scaling_efficiency"] == pytest.approx(records[0]["tokens_per_s"] / (2 * 100))
     assert all(r["communication_ms"] > 0 for r in records)
+    # within each rank's own profiled step; transfer + wait = communication on every rank, the transfer the
+    # same on both (the physical check found nothing)
+    assert all(0 < r["communication_ms"] <= r["profiled_step_ms"] for r in records)
+    assert all(r["transfer_ms"] + r["wait_ms"] == pytest.approx(r["communication_ms"]) for r in records)
+    assert records[0]["communication_problems"] == [] and len(records[0]["communication_steps"]) == 1
 
 
 def test_torchrun_stops_every_rank_when_one_fails(tmp_path):
@@ -262,3 +267,175 @@ def test_hiding_the_gpus_empties_the_back_ends_visibility_variable(monkeypatch):
     monkeypatch.setenv(dev.visible_devices_variable(), "0,1")
     dev.hide_gpus()
     assert os.environ[dev.visible_devices_variable()] == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# Communication figures from synthetic profiles: rank 1 arrives 5 ms late to each of 3 all-reduces
+# whose transfer takes 2 ms, in a profiled step of 30 ms. The two ranks' clocks differ (rank 1's
+# profile counts from 1000 s): only the collectives' ends are comparable across processes.
+# ------------------------------------------------------------------------------------------------
+
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+STEP = (0.0, 30.0)
+LATE = {0: [(1.0, 8.0), (10.0, 17.0), (20.0, 27.0)],  # rank 0 arrives first: 5 ms wait + 2 ms transfer
+        1: [(6.0, 8.0), (15.0, 17.0), (25.0, 27.0)]}  # rank 1 arrives last: the transfer alone
+COMPUTE = {0: [(0.0, 1.0), (8.0, 10.0), (17.0, 20.0)], 1: [(0.0, 6.0), (8.0, 15.0), (17.0, 25.0)]}
+OFFSET_MS = {0: 0.0, 1: 1_000_000.0}
+
+
+def _event(name, start_ms, end_ms, device=True, annotation=False, parent=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start_ms * 1e3, end=end_ms * 1e3),
+                           device_type="DeviceType.CUDA" if device else "DeviceType.CPU", cpu_parent=parent,
+                           is_user_annotation=annotation)
+
+
+def _gpu_events(rank, collectives=None, compute=None, step=STEP):
+    """One rank's profiler events (as ``prof.events()`` gives them) for one profiled step."""
+    o = OFFSET_MS[rank]
+    events = [_event("ProfilerStep#2", step[0] + o, step[1] + o, device=False),
+              # the step's and the all-reduce range's copies on the device timeline: neither compute nor communication
+              _event("ProfilerStep#2", step[0] + o, step[1] + o, annotation=True),
+              _event("nccl:all_reduce", o, step[1] + o, annotation=True)]
+    events += [_event(ALL_REDUCE, s + o, e + o) for s, e in (LATE[rank] if collectives is None else collectives)]
+    compute = COMPUTE[rank] if compute is None else compute
+    events += [_event("ampere_sgemm_128x64_tn", s + o, e + o) for s, e in compute]
+    return events
+
+
+def _figures(events_by_rank, on_device=True):
+    from tinyllama.profiling.communication import communication_figures, rank_profile
+
+    return communication_figures([rank_profile(events, on_device) for events in events_by_rank])
+
+
+def test_a_late_rank_makes_the_others_wait_not_transfer():
+    from tinyllama.profiling.communication import check_physical
+
+    f0, f1 = _figures([_gpu_events(0), _gpu_events(1)])
+    assert [len(f.steps) for f in (f0, f1)] == [1, 1] and f0.steps[0].matched and f1.steps[0].matched
+    # transfer: 3 x 2 ms on both ranks; the early rank's 3 x 5 ms are wait, reported apart
+    assert f0.transfer_ms == pytest.approx(6.0) and f1.transfer_ms == pytest.approx(6.0)
+    assert f0.wait_ms == pytest.approx(15.0) and f1.wait_ms == pytest.approx(0.0)
+    assert f0.communication_ms == pytest.approx(21.0) and f1.communication_ms == pytest.approx(6.0)
+    # set against the profiled step itself; nothing overlaps the collectives here, so all of it is exposed
+    assert f0.step_ms == pytest.approx(30.0) and f1.step_ms == pytest.approx(30.0)
+    assert f0.exposed_ms == pytest.approx(21.0) and f1.exposed_ms == pytest.approx(6.0)
+    assert f0.exposed_transfer_ms == pytest.approx(6.0) and f1.exposed_transfer_ms == pytest.approx(6.0)
+    assert check_physical([f0, f1]) == []
+
+
+def test_compute_beside_the_collectives_reduces_the_exposed_time():
+    # rank 0 computes on another stream during 3 ms of its first wait and 1 ms of its first transfer ([6, 8])
+    compute = COMPUTE[0] + [(2.0, 5.0), (7.0, 8.0)]
+    f0, f1 = _figures([_gpu_events(0, compute=compute), _gpu_events(1)])
+    assert f0.communication_ms == pytest.approx(21.0) and f0.transfer_ms == pytest.approx(6.0)
+    assert f0.exposed_ms == pytest.approx(21.0 - 3.0 - 1.0)
+    assert f0.exposed_transfer_ms == pytest.approx(6.0 - 1.0)
+    assert f1.exposed_ms == pytest.approx(6.0)
+
+
+def test_communication_and_exposed_time_stay_within_the_profiled_step():
+    # a collective that runs past the step's end, and one of the warm-up step before it (outside the profiled step)
+    collectives = {0: LATE[0] + [(-9.0, -1.0), (28.0, 40.0)], 1: LATE[1] + [(-3.0, -1.0), (29.0, 40.0)]}
+    f0, f1 = _figures([_gpu_events(r, collectives=collectives[r]) for r in (0, 1)])
+    for f in (f0, f1):
+        step = f.steps[0]
+        assert step.step_ms == pytest.approx(30.0)
+        assert step.communication_ms <= step.step_ms and step.exposed_ms <= step.step_ms
+        assert step.transfer_ms + step.wait_ms == pytest.approx(step.communication_ms)
+    # the last all-reduce counts up to the step's end: rank 0 from 28 ms, rank 1 from 29 ms
+    assert f0.communication_ms == pytest.approx(21.0 + 2.0) and f1.communication_ms == pytest.approx(6.0 + 1.0)
+    assert f0.transfer_ms == pytest.approx(f1.transfer_ms) == pytest.approx(7.0)
+
+
+def test_gloo_host_ranges_give_the_same_split_on_a_cpu():
+    def events(rank):
+        o = OFFSET_MS[rank]
+        out = [_event("ProfilerStep#2", o, 30.0 + o, device=False)]
+        for s, e in LATE[rank]:
+            outer = _event("gloo:all_reduce", s + o, e + o, device=False, annotation=True)
+            out += [outer, _event("c10d::allreduce_", s + o, s + o + 0.5, device=False, parent=outer)]  # inside: once
+            # the caller's thread only hands the work to gloo, and returns when it likes: not the collective
+            out.append(_event("c10d::allreduce_", s + o - 0.4, s + o - 0.1 * (1 + rank), device=False))
+        return out
+
+    f0, f1 = _figures([events(0), events(1)], on_device=False)
+    assert (f0.transfer_ms, f0.wait_ms, f1.transfer_ms, f1.wait_ms) == pytest.approx((6.0, 15.0, 6.0, 0.0))
+    assert f0.exposed_ms is None and not f0.on_device
+    assert list(f0.collectives.name) == ["gloo:all_reduce"] and f0.collectives.calls_per_step[0] == 3
+
+
+def test_saved_chrome_traces_of_two_ranks_give_the_same_figures(tmp_path):
+    from tinyllama.profiling.communication import communication_figures, read_trace
+
+    paths = []
+    for rank in (0, 1):
+        o = OFFSET_MS[rank] * 1e3 + 1.7e15  # absolute microseconds, a different origin on each rank
+        x = lambda name, cat, s, e, tid: {"ph": "X", "name": name, "cat": cat, "ts": o + s * 1e3,  # noqa: E731
+                                          "dur": (e - s) * 1e3, "tid": tid}
+        events = [x("ProfilerStep#2", "user_annotation", 0, 30, 1),
+                  x("ProfilerStep#2", "gpu_user_annotation", 0, 30, 7),
+                  x("nccl:all_reduce", "gpu_user_annotation", 0, 30, 20)]
+        events += [x(ALL_REDUCE, "kernel", s, e, 20) for s, e in LATE[rank]]
+        events += [x("ampere_sgemm_128x64_tn", "kernel", s, e, 7) for s, e in COMPUTE[rank]]
+        path = tmp_path / f"rank{rank}.json"
+        path.write_text(json.dumps({"traceEvents": events}))
+        paths.append(path)
+    f0, f1 = communication_figures([read_trace(p) for p in paths])
+    assert (f0.transfer_ms, f0.wait_ms, f0.exposed_ms) == pytest.approx((6.0, 15.0, 21.0))
+    assert (f1.transfer_ms, f1.wait_ms, f1.exposed_ms) == pytest.approx((6.0, 0.0, 6.0))
+    assert f0.step_ms == pytest.approx(30.0)
+
+
+def test_impossible_communication_figures_are_flagged():
+    from tinyllama.profiling.communication import (CommunicationTime, ImpossibleFigures, StepCommunication,
+                                                   check_physical)
+
+    def rank(r, communication, transfer, exposed, step_ms=30.0):
+        return CommunicationTime(rank=r, on_device=True, steps=[StepCommunication(
+            step=2, step_ms=step_ms, communication_ms=communication, transfer_ms=transfer,
+            wait_ms=communication - transfer, exposed_ms=exposed, exposed_transfer_ms=min(exposed, transfer),
+            matched=True)])
+
+    assert check_physical([rank(0, 21.0, 6.0, 21.0), rank(1, 6.0, 6.0, 6.0)]) == []
+    with pytest.raises(ImpossibleFigures, match="communication 40.000 ms in a step of 30.000 ms"):
+        check_physical([rank(0, 40.0, 6.0, 21.0), rank(1, 6.0, 6.0, 6.0)])  # issue 31: 150 ms in a 107 ms step
+    problems = check_physical([rank(0, 21.0, 6.0, 25.0), rank(1, 6.0, 6.0, 6.0)], strict=False)
+    assert len(problems) == 1 and "exposed 25.000 ms exceeds" in problems[0]
+    problems = check_physical([rank(0, 21.0, 21.0, 21.0), rank(1, 6.0, 6.0, 6.0)], strict=False)  # skew as transfer
+    assert len(problems) == 1 and "transfer times differ" in problems[0]
+
+
+def test_the_summary_and_records_carry_each_ranks_split_within_its_profiled_step():
+    from tinyllama.profiling.communication import rank_profile
+    from tinyllama.timing import summarize
+
+    ranks = [distributed.RankResult(
+        rank=r, device="GPU", step_ms=summarize([20.0, 21.0, 22.0]), phase_ms={}, warmup_ms=[], losses=[1.0],
+        tokens_per_s=1.0, peak_memory_mib=1.0, allocated_at_rest_mib=1.0, counted_state_mib={},
+        communication_ms=None, exposed_communication_ms=None,
+        communication_profile=rank_profile(_gpu_events(r), on_device=True)) for r in (0, 1)]
+    assert distributed._combine_communication(ranks) == []
+    result = distributed.DistributedResult(
+        strategy="ddp", world_size=2, backend="nccl", library="NCCL", version="v1", preset="ci", precision="bf16",
+        global_batch_size=4, local_batch_size=2, seq_len=16, num_parameters=10, num_steps=3, warmup_steps=1,
+        ranks=ranks, losses=[1.0], tokens_per_s=1.0, slowest_step_ms=21.0, predicted_state_mib={})
+    records = result.to_records()
+    assert [r["transfer_ms"] for r in records] == pytest.approx([6.0, 6.0])
+    assert [r["wait_ms"] for r in records] == pytest.approx([15.0, 0.0])
+    assert [r["communication_ms"] for r in records] == pytest.approx([21.0, 6.0])
+    assert [r["exposed_communication_ms"] for r in records] == pytest.approx([21.0, 6.0])
+    # against the profiled step (30 ms), not the unprofiled median (21 ms)
+    assert [r["profiled_step_ms"] for r in records] == pytest.approx([30.0, 30.0])
+    assert all(r["communication_ms"] <= r["profiled_step_ms"] for r in records)
+    assert records[0]["communication_steps"][0]["wait_ms"] == pytest.approx(15.0)
+    assert "communication_profile" not in records[0] and ranks[0].communication_profile is None
+    text = result.summary()
+    assert "profiled step of 30.00 ms: communication 21.00 ms = transfer 6.00 + wait for other ranks 15.00" in text
+    assert "communication 6.00 ms = transfer 6.00 + wait for other ranks 0.00" in text
+    assert "IMPOSSIBLE" not in text
+    table = distributed.scaling_table(records)
+    assert table.loc[0, "transfer_ms"] == pytest.approx(6.0) and table.loc[0, "wait_ms"] == pytest.approx(15.0)
+    assert table.loc[0, "profiled_step_ms"] == pytest.approx(30.0)

@@ -21,7 +21,10 @@ Each rank measures what ``tinyllama.bench`` measures on one GPU (step time and i
 memory), after a correctness check and warm-up; rank 0 gathers every rank's figures and adds the
 global ones: tokens/s over the slowest rank, scaling efficiency against a 1-GPU run of the same
 per-GPU batch (``--baseline-tokens-per-s``), and the communication time read from a PyTorch profile
-of a few more steps.
+of a few more steps on every rank: per rank, the time its collectives ran, split into the transfer
+(after the last rank arrived: the same on every rank) and the wait for the other ranks (skew), and
+the part not hidden behind compute, all set against the profiled steps' own wall time
+(``tinyllama.profiling.communication``).
 
 Errors end every rank with one line (``error (rank 1/2): ...``) instead of a hang: bad settings are
 refused before any rank waits for another, every collective has a timeout (``--timeout-s``), and a
@@ -234,10 +237,16 @@ class RankResult:
     peak_memory_mib: float | None
     allocated_at_rest_mib: float | None
     counted_state_mib: dict[str, float]
-    communication_ms: float | None
-    exposed_communication_ms: float | None
+    communication_ms: float | None  # this rank's collectives per profiled step: transfer_ms + wait_ms
+    exposed_communication_ms: float | None  # ... of it with no compute beside it (GPU only)
     collectives: list[dict[str, Any]] = field(default_factory=list)
     trace_path: str | None = None
+    profiled_step_ms: float | None = None  # the profiled steps' own wall time, which the above are set against
+    transfer_ms: float | None = None  # after the last rank arrived: the same on every rank
+    wait_ms: float | None = None  # waiting for the other ranks inside the collectives (skew)
+    exposed_transfer_ms: float | None = None
+    communication_steps: list[dict[str, Any]] = field(default_factory=list)  # the above, per profiled step
+    communication_profile: Any = None  # this rank's RankProfile, until rank 0 has combined them all
 
 
 @dataclass
@@ -264,6 +273,7 @@ class DistributedResult:
     slowest_step_ms: float
     predicted_state_mib: dict[str, float]
     baseline_tokens_per_s: float | None = None
+    communication_problems: list[str] = field(default_factory=list)  # check_physical's findings, if any
     config: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, torch.Tensor] | None = None
     torch_version: str = torch.__version__
@@ -292,7 +302,10 @@ class DistributedResult:
                         "peak_memory_mib": r.peak_memory_mib, "allocated_at_rest_mib": r.allocated_at_rest_mib,
                         "communication_ms": r.communication_ms,
                         "exposed_communication_ms": r.exposed_communication_ms, "collectives": r.collectives,
-                        "trace_path": r.trace_path})
+                        "trace_path": r.trace_path, "profiled_step_ms": r.profiled_step_ms,
+                        "transfer_ms": r.transfer_ms, "wait_ms": r.wait_ms,
+                        "exposed_transfer_ms": r.exposed_transfer_ms,
+                        "communication_steps": r.communication_steps})
             row.update(r.step_ms.as_dict(prefix="step_ms_"))
             row.update({f"{phase}_ms_median": ms for phase, ms in r.phase_ms.items()})
             row.update({f"counted_{k.replace(' ', '_')}_mib": v for k, v in r.counted_state_mib.items()})
@@ -308,11 +321,19 @@ class DistributedResult:
                  f"{self.num_parameters / 1e6:.1f}M parameters"]
         for r in self.ranks:
             memory = "n/a on the CPU" if r.peak_memory_mib is None else f"{r.peak_memory_mib:,.0f} MiB"
-            comm = "" if r.communication_ms is None else f", communication {r.communication_ms:.2f} ms/step" + (
-                "" if r.exposed_communication_ms is None else f" ({r.exposed_communication_ms:.2f} exposed)")
+            comm = "" if r.communication_ms is None or r.profiled_step_ms is None else (
+                f"; in its profiled step of {r.profiled_step_ms:.2f} ms: communication {r.communication_ms:.2f} ms = "
+                f"transfer {r.transfer_ms:.2f} + wait for other ranks {r.wait_ms:.2f}" + (
+                    "" if r.exposed_communication_ms is None else
+                    f", exposed {r.exposed_communication_ms:.2f} (transfer {r.exposed_transfer_ms:.2f})"))
             lines.append(f"  [rank {r.rank}/{self.world_size}] {r.device}: step {r.step_ms.median:.2f} ms median "
                          f"(p10 {r.step_ms.p10:.2f}, p90 {r.step_ms.p90:.2f}), {r.tokens_per_s:,.0f} tokens/s, "
                          f"peak memory {memory}{comm}")
+        if any(r.communication_ms is not None for r in self.ranks) and self.world_size > 1:
+            lines.append("  communication per profiled step: transfer = after the last rank arrived (the same on every "
+                         "rank), wait = skew (this rank arrived early)")
+        for problem in self.communication_problems:
+            lines.append(f"  IMPOSSIBLE communication figure, not to be trusted: {problem}")
         lines.append(f"  global: {self.tokens_per_s:,.0f} tokens/s (slowest rank {self.slowest_step_ms:.2f} ms/step), "
                      f"loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}")
         if self.scaling_efficiency is not None:
@@ -430,13 +451,13 @@ def run_distributed(
         phase_ms={p: summarize(phase_ms[p]).median for p in DATA_PHASES}, warmup_ms=warmup_ms, losses=losses,
         tokens_per_s=local_batch * seq_len / (step_stats.median / 1e3), peak_memory_mib=memory.peak_mib,
         allocated_at_rest_mib=at_rest, counted_state_mib=counted,
-        communication_ms=None if communication is None else communication.communication_ms,
-        exposed_communication_ms=None if communication is None else communication.exposed_ms,
-        collectives=[] if communication is None else communication.collectives.to_dict("records"),
-        trace_path=None if trace is None else str(trace),
+        communication_ms=None, exposed_communication_ms=None,
+        collectives=[] if communication is None else communication.collectives().to_dict("records"),
+        trace_path=None if trace is None else str(trace), communication_profile=communication,
     )
     weights = full_state_dict(wrapped) if return_weights else None
     ranks = process_group.gather(mine, ctx)
+    problems = _combine_communication(ranks)
     global_losses = [sum(values) / len(values) for values in zip(*(r.losses for r in ranks))]
     slowest = max(r.step_ms.median for r in ranks)
     kind = strategy if dist.is_initialized() else "none"
@@ -448,9 +469,28 @@ def run_distributed(
         precision=precision, global_batch_size=batch_size, local_batch_size=local_batch, seq_len=seq_len,
         num_parameters=num_parameters, num_steps=num_steps, warmup_steps=warmup_steps, ranks=ranks,
         losses=global_losses, tokens_per_s=batch_size * seq_len / (slowest / 1e3), slowest_step_ms=slowest,
-        predicted_state_mib=predicted, baseline_tokens_per_s=baseline_tokens_per_s, config=config.to_dict(),
-        weights=weights,
+        predicted_state_mib=predicted, baseline_tokens_per_s=baseline_tokens_per_s,
+        communication_problems=problems, config=config.to_dict(), weights=weights,
     )
+
+
+def _combine_communication(ranks: list[RankResult]) -> list[str]:
+    """Every rank's communication figures from all the ranks' profiles (gathered with the results):
+    matched collective by collective, so that each rank's communication is split into the transfer (the
+    same on every rank) and its own wait, within its profiled step. Fills the ``RankResult`` s in place;
+    returns what :func:`check_physical` finds impossible (nothing, when the figures hold)."""
+    if any(r.communication_profile is None for r in ranks):
+        return []
+    from tinyllama.profiling.communication import check_physical, communication_figures
+
+    figures = communication_figures([r.communication_profile for r in ranks])
+    for r, f in zip(ranks, figures):
+        r.communication_ms, r.exposed_communication_ms = f.communication_ms, f.exposed_ms
+        r.profiled_step_ms, r.transfer_ms, r.wait_ms = f.step_ms, f.transfer_ms, f.wait_ms
+        r.exposed_transfer_ms = f.exposed_transfer_ms
+        r.communication_steps = [asdict(s) for s in f.steps]
+        r.communication_profile = None  # combined: not kept in the result
+    return check_physical(figures, strict=False)
 
 
 def _fetch_batches(loader: DataLoader, count: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -471,17 +511,18 @@ def _fetch_batches(loader: DataLoader, count: int, device: torch.device) -> list
 
 def _profile_communication(step: TrainingStep, batches: list[tuple[torch.Tensor, torch.Tensor]], steps: int,
                            device: torch.device, trace_dir: str | Path | None, name: str) -> tuple[Any, Path | None]:
-    """``steps`` more training steps under the PyTorch profiler: their communication time, and the
-    path of the trace written to ``trace_dir`` (``None`` without one)."""
+    """``steps`` more training steps under the PyTorch profiler: this rank's ``RankProfile`` (its
+    collectives, step by step, for ``_combine_communication``), and the path of the trace written to
+    ``trace_dir`` (``None`` without one)."""
     if steps < 1:
         return None, None
-    from tinyllama.profiling.communication import communication_time
+    from tinyllama.profiling.communication import read_profile
     from tinyllama.profiling.torch_profiler import profile_steps
 
     calls = iter(range(10**9))
     run = profile_steps(lambda: step(*batches[next(calls) % len(batches)]), device=device, wait=0, warmup=1,
                         active=steps, trace_dir=trace_dir, name=name)
-    return communication_time(run), run.trace_path
+    return read_profile(run), run.trace_path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -495,20 +536,27 @@ def scaling_table(records: Sequence[dict[str, Any]]) -> Any:
     """One row per run (``to_records()`` rows, from any number of runs and files): processes, global
     tokens/s, the slowest rank's step, the largest peak memory and communication of any rank, and the
     scaling efficiency against the 1-process run of the same settings and per-GPU batch (``NaN``
-    where there is none). Sorted by the run's settings, then the number of processes."""
+    where there is none). Sorted by the run's settings, then the number of processes.
+
+    Communication: ``transfer_ms`` (the same on every rank: their mean), the largest ``wait_ms``
+    (skew), and ``communication_ms`` / ``exposed_communication_ms`` of the rank that waited most, with
+    ``profiled_step_ms``, the longest profiled step they are set against (records written before these
+    were split have ``NaN`` there)."""
     import pandas as pd
 
     frame = pd.DataFrame(list(records))
     if frame.empty:
         return frame
-    for column in ("peak_memory_mib", "communication_ms", "exposed_communication_ms"):
+    for column in ("peak_memory_mib", "communication_ms", "exposed_communication_ms", "transfer_ms", "wait_ms",
+                   "profiled_step_ms"):
         if column not in frame:
             frame[column] = float("nan")
     keys = [*RUN_KEYS, "world_size", "timestamp"]
     runs = frame.groupby(keys, as_index=False, dropna=False).agg(
         tokens_per_s=("tokens_per_s", "first"), slowest_step_ms=("slowest_step_ms", "first"),
         peak_memory_mib=("peak_memory_mib", "max"), communication_ms=("communication_ms", "max"),
-        exposed_communication_ms=("exposed_communication_ms", "max"), device=("device", "first"),
+        exposed_communication_ms=("exposed_communication_ms", "max"), transfer_ms=("transfer_ms", "mean"),
+        wait_ms=("wait_ms", "max"), profiled_step_ms=("profiled_step_ms", "max"), device=("device", "first"),
         library=("library", "first"))
     runs = runs.sort_values("timestamp").drop_duplicates([*RUN_KEYS, "world_size"], keep="last")
     single = runs[runs.world_size == 1].set_index(list(RUN_KEYS))["tokens_per_s"]
