@@ -269,7 +269,7 @@ def test_the_check_passes_in_fp32_and_within_tolerance_in_bf16(v1_model, prompt)
 def test_the_command_line_checks_times_and_records(tmp_path, capsys):
     out = tmp_path / "runs.json"
     flags = ["--preset", "ci", "--version", "v2", "--batch-size", "2", "--prompt-len", "9", "--new-tokens", "5",
-             "--warmup", "1", "--repeat", "3", "--device", "cpu", "--quiet", "--json", str(out)]
+             "--warmup-steps", "1", "--num-steps", "3", "--device", "cpu", "--quiet", "--json", str(out)]
     assert main([*flags, "--check"]) == 0
     assert main([*flags, "--no-cache", "--precision", "bf16"]) == 0
     printed = capsys.readouterr().out

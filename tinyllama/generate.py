@@ -17,7 +17,7 @@ from typing import Sequence
 
 from tinyllama import device as dev
 from tinyllama.checks import CorrectnessError
-from tinyllama.cli import add_problem_size_arguments, shape_overrides
+from tinyllama.cli import add_problem_size_arguments, add_run_arguments, shape_overrides
 from tinyllama.errors import BenchmarkError
 from tinyllama.generation import (CachedDecoder, GenerationCheck, GenerationResult, KVCache, Recompute, Sampling,
                                   check_generation, decode_bytes, decode_flops, generate, run_generation_benchmark)
@@ -46,12 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", action="store_true",
                         help="first compare greedy tokens and logits with the fp32 no-cache reference; refuse to "
                              "time if they differ")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed generations first (default 2)")
-    parser.add_argument("--repeat", type=int, default=10, help="timed generations (default 10)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
-    parser.add_argument("--json", metavar="PATH", help="append the result to this JSON list file")
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    # A "step" of this harness is a whole generation (prefill and every decode step), timed as a unit.
+    add_run_arguments(parser, per=" (whole generations)")
     return parser
 
 
@@ -65,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_generation_benchmark(
             args.version, args.preset, batch_size=args.batch_size, prompt_len=args.seq_len, new_tokens=args.new_tokens,
             precision=args.precision, use_cache=not args.no_cache, compile=args.compile,
-            cuda_graph=args.cuda_graphs, check=args.check, warmup=args.warmup, repeat=args.repeat,
+            cuda_graph=args.cuda_graphs, check=args.check, warmup=args.warmup_steps, repeat=args.num_steps,
             seed=args.seed, device=args.device, progress=not args.quiet, **shape_overrides(args))
     except (ValueError, BenchmarkError, CorrectnessError, dev.DeviceUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
