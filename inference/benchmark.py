@@ -25,7 +25,7 @@ from tinyllama import device as dev
 from tinyllama.timing import PhaseTimer, Stats, summarize
 
 from inference import distributed, networks, precision, profilers
-from inference.config import BenchmarkConfig, BenchmarkError
+from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
 from inference.distributed import DistContext
 
 SPREAD_WARNING_PCT = 5.0  # warn when the 10th-90th percentile spread exceeds this share of the median
@@ -87,6 +87,7 @@ class BenchmarkResult:
     baseline_throughput: float | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     batchnorm_fp32: bool | None = None  # fp16/bf16 runs: were batch norms kept in fp32?
+    levers: list[str] = field(default_factory=list)  # inference levers of the compile (config.LEVERS)
     timestamp: str = field(default_factory=lambda: _dt.datetime.now().isoformat(timespec="seconds"))
 
     # ------------------------------------------------------------------ derived figures
@@ -136,6 +137,7 @@ class BenchmarkResult:
         if self.compiled:
             mode = self.compile_options.get("mode") or ("options" if "options" in self.compile_options else "default")
             parts.append(f"compiled ({mode})")
+        parts += [name.replace("_", " ") for name in self.levers]
         return " ".join(parts)
 
     # ------------------------------------------------------------------ records
@@ -145,7 +147,7 @@ class BenchmarkResult:
             "timestamp": self.timestamp, "network": self.network, "task": self.task, "mode": self.mode,
             "precision": self.precision, "batchnorm_fp32": self.batchnorm_fp32,
             "channels_last": self.channels_last, "compiled": self.compiled,
-            "compile_options": self.compile_options, "batch_size": self.batch_size,
+            "compile_options": self.compile_options, "levers": ",".join(self.levers), "batch_size": self.batch_size,
             "local_batch_size": self.local_batch_size, "world_size": self.world_size, "rank": self.rank,
             "input_size": self.input_size, "params": self.params, "device": self.device, "backend": self.backend,
             "iterations": self.timing.n, "warmup": len(self.warmup_ms), "warmup_ms": self.warmup_ms,
@@ -247,6 +249,8 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkResult:
         profilers.require_deepspeed()
     ctx = distributed.current()
     device = distributed.resolve_device(config.device)
+    if config.cuda_graphs and device.type != "cuda":
+        raise ConfigError(f"--cuda-graphs records the step as a GPU graph: it needs a GPU (this run is on {device})")
     local_batch = ctx.local_batch(config.batch_size)
     problem: BenchmarkError | None = None
     try:
@@ -272,6 +276,8 @@ def _compile_kwargs(config: BenchmarkConfig) -> dict[str, Any]:
     kwargs.update(config.compile_options or {})
     if kwargs.get("mode") == "default":
         kwargs.pop("mode")
+    if config.levers:
+        kwargs["options"] = config.inductor_options()
     return kwargs
 
 
@@ -319,7 +325,8 @@ class _Run:
         self.plan = precision.plan(config.precision, device)
         self.size = config.input_size or spec.input_size
         self.label = " ".join([config.precision] + (["channels-last"] if config.channels_last else [])
-                              + (["compiled"] if config.compile else []))
+                              + (["compiled"] if config.compile else [])
+                              + [name.replace("_", " ") for name in config.levers])
         self.check_samples = min(local_batch, precision.CHECK_SAMPLES)
         self.check = ("off (--no-check)" if not config.check
                       else "skipped: detectors return a value-dependent number of boxes")
@@ -510,7 +517,7 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
         profiler="kineto" if config.kineto else ("autograd" if config.autograd_profiler else None),
         trace_files=list(trace.paths) if trace else [], operator_table=table.text if table else None,
         flops_profile=timed["flops_profile"], baseline_throughput=config.baseline_throughput,
-        environment=environment, batchnorm_fp32=config.batchnorm_fp32 if run.plan.weight_dtype != torch.float32 else None,
+        environment=environment, levers=config.levers, batchnorm_fp32=config.batchnorm_fp32 if run.plan.weight_dtype != torch.float32 else None,
     )
     medians = distributed.gather(result.timing.median, ctx)
     result.per_rank_throughput = distributed.gather(result.throughput, ctx)

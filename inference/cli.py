@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples:\n"
                "  python -m inference --network resnet50 --batch-size 32 --iterations 20 --fp16 1\n"
                "  python -m inference --network resnet50 --batch-size 256 --precision fp16 --nhwc --compile\n"
+               "  python -m inference --network resnet50 --batch-size 256 --precision fp16 --nhwc --freeze --cuda-graphs\n"
                "  python -m inference --network resnet50 --sweep 8,32,128,256 --precision bf16\n"
                "  torchrun --nproc-per-node 2 -m inference --network resnet50 --batch-size 128",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -65,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch.compile settings as a Python dict, e.g. \"{'mode': 'max-autotune'}\" "
                             f"(modes: {', '.join(COMPILE_MODES)}) or \"{{'options': {{'freezing': True}}}}\"; "
                             "implies --compile")
+    speed.add_argument("--freeze", action="store_true",
+                       help="inference only: Inductor freezing, the weights become constants and each batch norm is "
+                            "folded into its convolution; implies --compile")
+    speed.add_argument("--cuda-graphs", action="store_true",
+                       help="replay the compiled step as one CUDA graph (a GPU only); implies --compile")
+    speed.add_argument("--max-autotune", action="store_true",
+                       help="Inductor times alternative kernels for matrix products and its generated kernels, "
+                            "convolutions stay cuDNN/MIOpen calls; implies --compile (compiles for minutes)")
     speed.add_argument("--no-check", dest="check", action="store_false",
                        help="time even when the outputs differ from fp32 eager by more than the tolerance")
 
@@ -126,11 +135,13 @@ def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
     if not args.network:
         raise ConfigError("--network is required (python -m inference --list shows the networks)")
     compile_options = parse_compile_context(args.compileContext)
+    levers = {"freeze": args.freeze, "cuda_graphs": args.cuda_graphs, "max_autotune": args.max_autotune}
     config = BenchmarkConfig(
         network=args.network, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
         mode=args.mode, precision=_precision(args), channels_last=args.channels_last,
         batchnorm_fp32=args.batchnorm_fp32,
-        compile=args.compile or args.compileContext is not None, compile_options=compile_options or None,
+        compile=args.compile or args.compileContext is not None or any(levers.values()),
+        compile_options=compile_options or None, **levers,
         input_size=args.input_size, device=args.device, seed=args.seed, check=args.check, kineto=args.kineto,
         autograd_profiler=args.autograd_profiler, flops_prof_step=args.flops_prof_step,
         output_dir=args.output_dir, baseline_throughput=args.baseline_throughput, progress=not args.quiet,

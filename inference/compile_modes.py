@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inference import networks
 from inference.benchmark import BenchmarkResult, run_benchmark
-from inference.config import BenchmarkConfig
+from inference.config import WITHOUT_CONV_TEMPLATES, BenchmarkConfig
 from tinyllama import device as dev
 from tinyllama.profiling.compiled import empty_compile_caches
 
@@ -49,11 +49,6 @@ LIBRARY_OPERATORS = frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_co
                                "_scaled_mm"})
 LIBRARY_CHOICES = LIBRARY_OPERATORS | {"bias_addmm", "_int_mm"}
 
-# max-autotune without Inductor's Triton convolution templates: convolutions stay cuDNN/MIOpen calls,
-# matrix products and generated kernels are still tuned. On an H200 in fp32 the templates cost 1-70 s of
-# compiling per convolution shape (ResNet-18 unfinished after 5.5 minutes; most of it tiles too large for shared
-# memory); cuDNN won six of the seven shapes timed, by 1.8-10x (benchmarks/NOTES.md, 2026-11-23).
-WITHOUT_CONV_TEMPLATES = {"max_autotune_conv_backends": "ATEN"}
 
 _HEADER = re.compile(r"^AUTOTUNE (\w+)\((.*)\)\s*$")
 _CHOICE = re.compile(r"^\s+(\S+) ([0-9.]+|inf) ms\b")

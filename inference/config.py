@@ -27,6 +27,21 @@ ORIGINAL_DEFAULT_MODE = "training"
 INFERENCE_PRECISIONS = ("fp32", "fp16", "bf16", "amp")
 # Keys of torch.compile that --compileContext may set.
 COMPILE_KEYS = ("mode", "options", "fullgraph", "dynamic", "backend", "disable")
+# The inference levers a deployment reaches for after torch.compile's default, as Inductor options (one
+# home: the command line, the notebooks and the GPU scripts all build them here):
+# - freeze: the weights become constants of the compiled graph, so Inductor folds each batch norm into the
+#   convolution before it (scale the weights, add a bias) and fixes the weights' layout once; only valid
+#   when nothing updates the weights (inference);
+# - cuda_graphs: the compiled step is recorded once as a CUDA graph and replayed (one launch a step);
+# - max_autotune: Inductor times alternative kernels for its matrix products and generated kernels, but
+#   convolutions stay cuDNN/MIOpen calls (Inductor's Triton convolution templates compile for minutes per
+#   shape and lost to cuDNN on six of seven ResNet shapes on an H200, benchmarks/NOTES.md).
+WITHOUT_CONV_TEMPLATES = {"max_autotune_conv_backends": "ATEN"}
+LEVERS = {
+    "freeze": {"freezing": True},
+    "cuda_graphs": {"triton.cudagraphs": True},
+    "max_autotune": {"max_autotune": True, **WITHOUT_CONV_TEMPLATES},
+}
 # The PyTorch profiler's schedule for --kineto, as the original benchmark used it.
 KINETO_WAIT, KINETO_WARMUP, KINETO_ACTIVE = 1, 2, 2
 
@@ -41,7 +56,8 @@ class BenchmarkConfig:
     means the size the network is built for (224 for ResNet-50, 299 for Inception v3, 520 for
     segmentation, ...).
     ``compile_options`` are keyword arguments of ``torch.compile`` (mode, options, fullgraph, dynamic,
-    backend); ``None`` with ``compile=True`` means PyTorch's defaults.
+    backend); ``None`` with ``compile=True`` means PyTorch's defaults. ``freeze``, ``cuda_graphs`` and
+    ``max_autotune`` add the inference levers of :data:`LEVERS` to the compile (and imply it).
     """
 
     network: str = "resnet50"
@@ -54,6 +70,9 @@ class BenchmarkConfig:
     batchnorm_fp32: bool = True
     compile: bool = False
     compile_options: dict[str, Any] | None = None
+    freeze: bool = False
+    cuda_graphs: bool = False
+    max_autotune: bool = False
     input_size: int | None = None
     device: str | None = None
     seed: int = 0
@@ -64,6 +83,18 @@ class BenchmarkConfig:
     output_dir: str = "."
     baseline_throughput: float | None = None
     progress: bool = True
+
+    @property
+    def levers(self) -> list[str]:
+        """The names of the inference levers asked for, in :data:`LEVERS` order."""
+        return [name for name in LEVERS if getattr(self, name)]
+
+    def inductor_options(self) -> dict[str, Any]:
+        """The Inductor options of the levers, merged with any ``compile_options['options']``."""
+        options: dict[str, Any] = dict((self.compile_options or {}).get("options") or {})
+        for name in self.levers:
+            options.update(LEVERS[name])
+        return options
 
     def replace(self, **changes: Any) -> "BenchmarkConfig":
         """A copy with ``changes`` applied (for sweeps)."""
@@ -109,6 +140,16 @@ class BenchmarkConfig:
             raise ConfigError("--baseline-throughput must be a positive samples/s figure of a 1-GPU run")
         if self.compile_options and not self.compile:
             raise ConfigError("compile_options were given but compile is off: set compile=True")
+        if self.levers and not self.compile:
+            raise ConfigError(f"{', '.join(self.levers)} work through torch.compile: set compile=True (the "
+                              "command line's --freeze, --cuda-graphs and --max-autotune imply --compile)")
+        if self.freeze and self.mode != "inference":
+            raise ConfigError("--freeze makes the weights constants of the compiled graph, which training must "
+                              "update: use it with --mode inference only")
+        if self.levers and (self.compile_options or {}).get("mode") not in (None, "default"):
+            raise ConfigError(f"--freeze, --cuda-graphs and --max-autotune are Inductor options, which "
+                              f"torch.compile does not take together with a mode ({self.compile_options['mode']!r}): "
+                              "drop the mode from --compileContext")
         if self.compile:
             check_compile_options(self.compile_options or {})
 
