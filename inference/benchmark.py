@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from tinyllama import device as dev
 from tinyllama.timing import PhaseTimer, Stats, summarize
 
-from inference import distributed, networks, precision, profilers
+from inference import distributed, networks, precision, profilers, straggler
 from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
 from inference.distributed import DistContext
 
@@ -88,6 +88,8 @@ class BenchmarkResult:
     environment: dict[str, Any] = field(default_factory=dict)
     batchnorm_fp32: bool | None = None  # fp16/bf16 runs: were batch norms kept in fp32?
     levers: list[str] = field(default_factory=list)  # inference levers of the compile (config.LEVERS)
+    straggler_ms: float = 0.0  # the delay added to the straggler's every iteration (inference.straggler)
+    straggler_rank: int | None = None  # the delayed rank (None: no straggler)
     timestamp: str = field(default_factory=lambda: _dt.datetime.now().isoformat(timespec="seconds"))
 
     # ------------------------------------------------------------------ derived figures
@@ -163,6 +165,7 @@ class BenchmarkResult:
             "trace_files": self.trace_files, "global_throughput": self.global_throughput,
             "per_rank_throughput": self.per_rank_throughput, "baseline_throughput": self.baseline_throughput,
             "scaling_efficiency": self.scaling_efficiency,
+            "straggler_ms": self.straggler_ms, "straggler_rank": self.straggler_rank,
         }
         accuracy = self.accuracy.as_dict() if self.accuracy else {}
         for key in ("max_abs_diff", "max_rel_diff", "mean_abs_diff", "top1_agreement", "tolerance", "passed"):
@@ -225,6 +228,9 @@ class BenchmarkResult:
         lines = [f"global: {self.world_size} processes, global batch {self.batch_size}: "
                  f"{self.global_throughput:,.1f} samples/s (global batch / slowest rank's median; "
                  f"per rank: {per_rank})"]
+        if self.straggler_rank is not None:
+            lines.append(f"global: rank {self.straggler_rank} is a straggler made on purpose, delayed by "
+                         f"{self.straggler_ms:g} ms every iteration")
         if self.scaling_efficiency is not None:
             lines.append(f"global: scaling efficiency {100 * self.scaling_efficiency:.1f}% against "
                          f"{self.world_size} x {self.baseline_throughput:,.1f} samples/s of the 1-GPU run")
@@ -312,6 +318,30 @@ def _cudnn_benchmark(device: torch.device) -> Iterator[None]:
         torch.backends.cudnn.benchmark = before
 
 
+class _FreezingOnFirstCall:
+    """A compiled module whose first call (the one Dynamo traces) runs with Inductor's ``freezing`` set
+    globally: Dynamo decides while tracing whether the parameters become constants, and it reads the
+    global flag, not ``torch.compile(options=...)``, which Inductor applies only later (torch 2.14: with
+    the option alone nothing is frozen). Later calls run the compiled graph as is (a patch costs
+    about 0.1 ms, too much inside a timed step)."""
+
+    def __init__(self, compiled: Callable[..., Any]) -> None:
+        self._compiled, self._traced = compiled, False
+
+    def __getattr__(self, name: str) -> Any:  # ``training`` and the like, from the compiled module
+        return getattr(self._compiled, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._traced:
+            return self._compiled(*args, **kwargs)
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True):
+            output = self._compiled(*args, **kwargs)
+        self._traced = True
+        return output
+
+
 class _Run:
     """One run, stage by stage: ``prepare`` builds the network, its inputs and the fp32 eager
     reference and applies the configuration; ``step`` is one iteration; ``warm_up`` and ``time`` run
@@ -339,12 +369,17 @@ class _Run:
         profiling = config.kineto or config.autograd_profiler
         self.phase: Callable[[str], ContextManager[None]] = dev.annotate if profiling else _no_range
         self.mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if config.compile else None
+        # A straggler made on purpose (--straggler-ms): checked on every rank before anything waits for the others.
+        self.straggler_rank = straggler.straggler_rank_of(config.straggler_ms, config.straggler_rank, ctx.world_size)
+        self.delay: Callable[[], None] = lambda: None
 
     def prepare(self) -> None:
         """The network (same weights on every process), its inputs (different data on each, as data
         parallelism has it), the fp32 eager reference, then the configuration applied."""
         config, spec, device = self.config, self.spec, self.device
         self.model = networks.build(spec, config.seed).to(device)
+        if self.straggler_rank == self.ctx.rank:
+            self.delay = straggler.make_delay(config.straggler_ms, device)
         self.params = sum(p.numel() for p in self.model.parameters())
         generator = torch.Generator().manual_seed(config.seed + 1 + 1000 * self.ctx.rank)
         cpu_inputs = networks.make_inputs(spec, self.local_batch, self.size, generator)
@@ -374,6 +409,8 @@ class _Run:
         if config.compile:
             torch._dynamo.reset()  # a fresh compile, not one cut short by earlier runs' recompile limit
             self.step_model = torch.compile(self.run_model, **_compile_kwargs(config))
+            if config.freeze:
+                self.step_model = _FreezingOnFirstCall(self.step_model)
 
     def _prepare_training(self) -> None:
         if self.reference is not None:  # the eager configuration in eval mode; the timed step's loss comes later
@@ -386,7 +423,11 @@ class _Run:
         if self.ctx.distributed:
             self.run_model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        # The fused SGD updates every parameter in one kernel launch on a GPU: the compiled step at batch 64
+        # waits for the host (about 19 ms a step against 11 ms replayed as a CUDA graph on an H200), so
+        # launches saved are time saved. The CPU has no fused SGD.
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9,
+                                         fused=self.device.type == "cuda")
         self.scaler = self.plan.make_grad_scaler(self.device)
 
     def judge(self, output: torch.Tensor, configuration: str) -> None:
@@ -414,6 +455,7 @@ class _Run:
         """One iteration of ``module`` (default: the configured model): the outputs in inference, the
         detached loss in training (forward, loss, backward, SGD step)."""
         module = self.step_model if module is None else module
+        self.delay()  # queued before the iteration's work: the straggler starts it late
         if self.mark_step is not None:
             self.mark_step()
         if not self.training:
@@ -517,7 +559,8 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
         profiler="kineto" if config.kineto else ("autograd" if config.autograd_profiler else None),
         trace_files=list(trace.paths) if trace else [], operator_table=table.text if table else None,
         flops_profile=timed["flops_profile"], baseline_throughput=config.baseline_throughput,
-        environment=environment, levers=config.levers, batchnorm_fp32=config.batchnorm_fp32 if run.plan.weight_dtype != torch.float32 else None,
+        environment=environment, levers=config.levers, straggler_ms=config.straggler_ms if run.straggler_rank is not None else 0.0,
+        straggler_rank=run.straggler_rank, batchnorm_fp32=config.batchnorm_fp32 if run.plan.weight_dtype != torch.float32 else None,
     )
     medians = distributed.gather(result.timing.median, ctx)
     result.per_rank_throughput = distributed.gather(result.throughput, ctx)

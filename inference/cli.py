@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m inference --network resnet50 --batch-size 256 --precision fp16 --nhwc --compile\n"
                "  python -m inference --network resnet50 --batch-size 256 --precision fp16 --nhwc --freeze --cuda-graphs\n"
                "  python -m inference --network resnet50 --sweep 8,32,128,256 --precision bf16\n"
-               "  torchrun --nproc-per-node 2 -m inference --network resnet50 --batch-size 128",
+               "  torchrun --nproc-per-node 2 -m inference --network resnet50 --batch-size 128\n"
+               "  torchrun --nproc-per-node 2 -m inference --network resnet50 --batch-size 128 --straggler-ms 5",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = parser.add_argument_group("what to run")
@@ -116,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     multi.add_argument("--dist-url", default=None, help="rendezvous address, e.g. tcp://127.0.0.1:29500 (by hand)")
     multi.add_argument("--baseline-throughput", type=float, default=None, metavar="SAMPLES_PER_S",
                        help="throughput of a 1-GPU run at the per-GPU batch: rank 0 reports scaling efficiency")
+    multi.add_argument("--straggler-ms", type=float, default=0.0, metavar="MS",
+                       help="a straggler made on purpose: delay one rank's work by MS milliseconds every iteration "
+                            "(a GPU sleep kernel; a host sleep on the CPU); default 0, no delay")
+    multi.add_argument("--straggler-rank", type=int, default=None, metavar="R",
+                       help="the rank --straggler-ms delays (default: the last rank)")
     return parser
 
 
@@ -145,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
         input_size=args.input_size, device=args.device, seed=args.seed, check=args.check, kineto=args.kineto,
         autograd_profiler=args.autograd_profiler, flops_prof_step=args.flops_prof_step,
         output_dir=args.output_dir, baseline_throughput=args.baseline_throughput, progress=not args.quiet,
+        straggler_ms=args.straggler_ms, straggler_rank=args.straggler_rank,
     )
     networks.get_spec(config.network)  # unknown names fail here, with the closest ones
     config.validate()

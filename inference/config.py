@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from inference.straggler import check_straggler
 from tinyllama.errors import BenchmarkError, ConfigError
 from tinyllama.settings import COMPILE_MODES
 
@@ -83,6 +84,8 @@ class BenchmarkConfig:
     output_dir: str = "."
     baseline_throughput: float | None = None
     progress: bool = True
+    straggler_ms: float = 0.0  # delay one rank's work by this much every iteration (inference.straggler)
+    straggler_rank: int | None = None  # the rank to delay; None: the last one
 
     @property
     def levers(self) -> list[str]:
@@ -138,6 +141,7 @@ class BenchmarkConfig:
             raise ConfigError("use --kineto or --autograd-profiler, not both: two profilers cannot run at once")
         if self.baseline_throughput is not None and self.baseline_throughput <= 0:
             raise ConfigError("--baseline-throughput must be a positive samples/s figure of a 1-GPU run")
+        check_straggler(self.straggler_ms, self.straggler_rank)
         if self.compile_options and not self.compile:
             raise ConfigError("compile_options were given but compile is off: set compile=True")
         if self.levers and not self.compile:

@@ -108,3 +108,128 @@ def load_scaling_record(path: str | os.PathLike[str] | None = None) -> RecordedS
         global_throughput=float(first["global_throughput"]),
         baseline_throughput=None if first.get("baseline_throughput") is None else float(first["baseline_throughput"]),
         scaling_efficiency=None if first.get("scaling_efficiency") is None else float(first["scaling_efficiency"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The scaling study: several networks, both modes, 1-4 GPUs, the all-reduce and a straggler
+# (gpu/inference_scaling_gpu.py), one JSON object per file.
+# ---------------------------------------------------------------------------------------------
+
+# The newest file of this pattern in benchmarks/ is the study notebook 05 shows.
+SCALING_STUDY_PATTERN = "*_inference_scaling.json"
+_RUN_KEYS = ("network", "mode", "world_size", "rank", "local_batch_size", "batch_size", "median_ms", "spread_pct",
+             "throughput", "global_throughput", "params", "straggler_ms", "straggler_rank")
+
+
+def scaling_table(runs: pd.DataFrame | list[dict]) -> pd.DataFrame:
+    """Efficiency per network, mode and GPU count, from every rank's records (straggler runs left out): the
+    global throughput (global batch / slowest rank's median), the one-GPU run's at the same per-GPU batch, and
+    their ratio over the count. One row per (network, mode, world size), networks by parameter count."""
+    frame = pd.DataFrame(runs)
+    if frame.empty:
+        return pd.DataFrame(columns=["network", "params", "mode", "world_size", "per_gpu_batch", "slowest_ms",
+                                     "spread_pct", "global_throughput", "one_gpu_throughput", "efficiency"])
+    if "straggler_ms" in frame:
+        frame = frame[frame["straggler_ms"].fillna(0) == 0]
+    rows = []
+    for (network, mode, k), ranks in frame.groupby(["network", "mode", "world_size"], sort=False):
+        rows.append({"network": network, "params": int(ranks["params"].iloc[0]), "mode": mode, "world_size": int(k),
+                     "per_gpu_batch": int(ranks["local_batch_size"].iloc[0]), "slowest_ms": float(ranks["median_ms"].max()),
+                     "spread_pct": float(ranks["spread_pct"].max()),
+                     "global_throughput": float(ranks["batch_size"].iloc[0] / (ranks["median_ms"].max() / 1e3))})
+    table = pd.DataFrame(rows)
+    one = table[table["world_size"] == 1].set_index(["network", "mode"])["global_throughput"]
+    table["one_gpu_throughput"] = [one.get((n, m), float("nan")) for n, m in zip(table["network"], table["mode"])]
+    table["efficiency"] = table["global_throughput"] / (table["world_size"] * table["one_gpu_throughput"])
+    return table.sort_values(["params", "mode", "world_size"], ignore_index=True)
+
+
+@dataclass(frozen=True)
+class ScalingStudy:
+    """A recorded scaling study: ``runs`` holds every rank's record (one row per rank per run), ``allreduce``
+    the all-reduce sweeps (one row per world size and buffer size)."""
+
+    path: Path
+    device: str
+    date: str
+    gpus: int
+    torch: str
+    commit: str | None
+    smoke: bool
+    settings: dict
+    runs: pd.DataFrame
+    allreduce: pd.DataFrame
+    failures: list
+
+    @property
+    def label(self) -> str:
+        """``2 x NVIDIA H200, recorded 2026-11-26 (torch 2.11.0+cu130)``."""
+        where = f"{self.gpus} x {self.device}" + (" (CPU processes, a smoke run)" if self.smoke else "")
+        return f"{where}, recorded {self.date} (torch {self.torch})"
+
+    def table(self) -> pd.DataFrame:
+        """:func:`scaling_table` of the runs."""
+        return scaling_table(self.runs)
+
+    def straggler(self, mode: str) -> pd.DataFrame:
+        """:func:`straggler_table` of the runs."""
+        return straggler_table(self.runs, mode)
+
+
+def straggler_table(runs: pd.DataFrame | list[dict], mode: str) -> pd.DataFrame:
+    """Per-rank figures of the straggler run in ``mode`` beside the same run without it (same network and
+    world size): columns ``rank``, ``median_ms`` and ``throughput`` without and with the delay (suffix
+    ``_straggler``), and ``delayed`` (the straggler's row); ``attrs`` hold the network, world size, delay and
+    global batch. Empty when there is no straggler run."""
+    runs = pd.DataFrame(runs)
+    runs = runs[runs["mode"] == mode]
+    delayed = runs[runs["straggler_ms"].fillna(0) > 0]
+    if delayed.empty:
+        return pd.DataFrame()
+    network, k = delayed["network"].iloc[0], int(delayed["world_size"].iloc[0])
+    plain = runs[(runs["straggler_ms"].fillna(0) == 0) & (runs["network"] == network) & (runs["world_size"] == k)]
+    columns = ["median_ms", "spread_pct", "throughput"]
+    merged = plain.set_index("rank")[columns].join(
+        delayed.set_index("rank")[columns].add_suffix("_straggler"), how="inner")
+    merged["delayed"] = merged.index == int(delayed["straggler_rank"].iloc[0])
+    merged = merged.reset_index()
+    merged.attrs.update(network=network, world_size=k, delay_ms=float(delayed["straggler_ms"].iloc[0]),
+                        batch_size=int(delayed["batch_size"].iloc[0]))
+    return merged
+
+
+def load_scaling_study(path: str | os.PathLike[str]) -> ScalingStudy:
+    """Read a study written by ``gpu/inference_scaling_gpu.py``; ``ValueError`` naming what is wrong when it is
+    not one, or when a run misses a rank."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("study") != "inference_scaling":
+        raise ValueError(f"{path}: not a scaling study of gpu/inference_scaling_gpu.py")
+    runs = pd.DataFrame([{key: r.get(key) for key in (*_RUN_KEYS, "launch")} for r in data.get("runs", [])])
+    if runs.empty:
+        raise ValueError(f"{path}: the study holds no runs")
+    runs["straggler_ms"] = runs["straggler_ms"].fillna(0.0).astype(float)
+    for (launch, network, mode, k, delay), ranks in runs.groupby(["launch", "network", "mode", "world_size",
+                                                                  "straggler_ms"]):
+        if sorted(ranks["rank"]) != list(range(int(k))):
+            raise ValueError(f"{path}: {network} {mode} on {k} processes has ranks {sorted(ranks['rank'])}: a rank "
+                             "is missing or repeated")
+    environment = data.get("environment") or {}
+    return ScalingStudy(path=path, device=str(data["device"]), date=str(data["date"]), gpus=int(data["gpus"]),
+                        torch=str(environment.get("torch", "?")), commit=data.get("commit"),
+                        smoke=bool(data.get("smoke")), settings=dict(data.get("settings") or {}), runs=runs,
+                        allreduce=pd.DataFrame(data.get("allreduce") or []), failures=list(data.get("failures") or []))
+
+
+def latest_scaling_study(folder: str | os.PathLike[str] | None = None) -> ScalingStudy | None:
+    """The newest study in ``folder`` (default :func:`benchmarks_dir`) by file name (dated), ``None`` when there
+    is none. A smoke run (CPU processes) is refused there: it is no GPU run."""
+    folder = Path(folder) if folder is not None else benchmarks_dir()
+    paths = sorted(folder.glob(SCALING_STUDY_PATTERN))
+    if not paths:
+        return None
+    study = load_scaling_study(paths[-1])
+    if study.smoke:
+        raise ValueError(f"{paths[-1]} is a smoke run of CPU processes: it does not belong among the recorded GPU "
+                         "runs; remove it from benchmarks/")
+    return study

@@ -4,8 +4,8 @@
   median times (the slowest rank finishes the batch);
 - :func:`check_efficiency_function`: a ``scaling_efficiency(global_throughput, baseline, k)`` on the recorded
   run and on made-up ones;
-- :func:`check_allreduce`: the time of a ring all-reduce of a model's gradients, and the efficiency a step
-  would keep if that time were added to it;
+- :func:`check_allreduce`: the time of a ring all-reduce of a model's gradients at a (measured) bus bandwidth,
+  and the efficiency a step would keep if that time were added to it;
 - :func:`check_measured_efficiency`: the efficiencies the participant's function gives for this machine's runs
   against those the benchmark itself reported.
 """
@@ -91,7 +91,10 @@ def check_allreduce(allreduce_ms: float, exposed_efficiency: Callable[[float], f
                        hint=slip_hint(float(allreduce_ms), expected,
                                       [(1 / ring, f"without the ring's factor 2 (k-1)/k = {ring:.3g}: every GPU sends "
                                                   "its share out and receives the others' sums back."),
-                                       (2.0, "twice: fp16 gradients are 2 bytes each."),
+                                       (1 / bytes_per_parameter, f"the gradient count, not its bytes: each gradient "
+                                                                 f"is {bytes_per_parameter} bytes."),
+                                       (2.0 / bytes_per_parameter, f"as if each gradient were 2 bytes: these are "
+                                                                   f"{bytes_per_parameter} bytes each."),
                                        (1e3, "1000x: GB/s is 10^9 bytes per second, and the answer is in ms."),
                                        (1e-3, "1/1000: the answer is in milliseconds."),
                                        (8.0, "8x: bytes, not bits.")]),
