@@ -67,7 +67,7 @@ def run_ours(flags: list[str], levers: list[str], iterations: int) -> dict:
     keep = ("throughput", "throughput_mean", "median_ms", "spread_pct", "compile_s", "check", "accuracy_max_rel_diff",
             "loss_check", "levers")
     return {**{k: record.get(k) for k in keep}, "wall_s": time.time() - began,
-            "command": "python -m inference " + " ".join(command[3:-4])}
+            "command": "python -m inference " + " ".join(command[3:-2])}
 
 
 def summarise(rounds: list[dict], key: str = "throughput") -> dict:

@@ -10,8 +10,9 @@ import contextlib
 import io
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+import pandas as pd
 import torch
 from torch import nn
 
@@ -95,6 +96,9 @@ class FlopsProfile:
     flops: int
     forward_latency_ms: float
     text: str = ""
+    # One row per module of the network (the model itself first): what DeepSpeed's per-module table
+    # prints, as data. Read with module_table().
+    modules: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def macs_per_sample(self) -> float:
@@ -107,6 +111,7 @@ class FlopsProfile:
 
     def as_dict(self, with_text: bool = False) -> dict[str, object]:
         out = asdict(self)
+        out.pop("modules")
         if not with_text:
             out.pop("text")
         out["macs_per_sample"] = self.macs_per_sample
@@ -143,7 +148,49 @@ def deepspeed_flops(model: nn.Module, run_step: Callable[[], object], step: int,
             flops=int(profiler.get_total_flops()),
             forward_latency_ms=float(profiler.get_total_duration()) * 1e3,
             text=report.getvalue(),
+            modules=_module_rows(model),
         )
     finally:
         profiler.end_profile()
     return result
+
+
+def _module_rows(model: nn.Module) -> list[dict[str, Any]]:
+    """Every module's MACs, FLOPs, parameters and latency as DeepSpeed's profiler left them on the modules
+    (its own ``get_module_*`` functions: a module's figures include its children's)."""
+    from deepspeed.profiling.flops_profiler.profiler import get_module_duration, get_module_flops, get_module_macs
+
+    rows = []
+    for name, module in model.named_modules():
+        if not hasattr(module, "__macs__"):  # not hooked (DeepSpeed skips nothing in a plain nn.Module)
+            continue
+        rows.append({"module": name or "(model)", "type": type(module).__name__,
+                     "depth": 0 if not name else name.count(".") + 1, "macs": int(get_module_macs(module)),
+                     "flops": int(get_module_flops(module)), "params": int(module.__params__),
+                     "latency_ms": float(get_module_duration(module)) * 1e3})
+    return rows
+
+
+def module_table(profile: FlopsProfile, depth: int = 1, top: int | None = None) -> pd.DataFrame:
+    """DeepSpeed's per-module breakdown of one profiled forward at ``depth`` (1: the model's direct
+    children, e.g. a ResNet's stem, ``layer1``-``layer4`` and ``fc``), as a DataFrame indexed by module:
+    ``type``, ``macs``, ``params``, ``latency_ms``, and the shares ``macs_pct`` (of the model's MACs) and
+    ``latency_pct`` (of its forward latency), most MACs first; ``top`` keeps that many rows.
+
+    The latencies are host clocks around each module with a synchronize at both ends (DeepSpeed's hooks):
+    they include the launches and the profiler's own cost, so they add up to about the forward's latency
+    but are slower than an unprofiled forward."""
+    if depth < 1:
+        raise ValueError(f"depth counts from 1 (the model's direct children), got {depth}")
+    if not profile.modules:
+        raise ValueError("this profile holds no per-module figures: run the benchmark with flops_prof_step set")
+    frame = pd.DataFrame(profile.modules)
+    root = frame[frame["depth"] == 0].iloc[0]
+    rows = frame[frame["depth"] == depth]
+    if rows.empty:
+        raise ValueError(f"the network has no modules at depth {depth} (deepest: {int(frame['depth'].max())})")
+    table = rows.set_index("module")[["type", "macs", "params", "latency_ms"]].copy()
+    table["macs_pct"] = 100.0 * table["macs"] / root["macs"] if root["macs"] else 0.0
+    table["latency_pct"] = 100.0 * table["latency_ms"] / root["latency_ms"] if root["latency_ms"] else 0.0
+    table = table.sort_values("macs", ascending=False)
+    return table.head(top) if top is not None else table

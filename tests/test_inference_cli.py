@@ -134,3 +134,72 @@ def test_torchrun_with_gloo_splits_the_batch_and_reports_every_rank(tmp_path):
     assert all(r["throughput"] == pytest.approx(2 / (r["median_ms"] / 1e3)) for r in records)
     assert records[0]["global_throughput"] == pytest.approx(4 / (max(medians) / 1e3))
     assert records[0]["scaling_efficiency"] == pytest.approx(records[0]["global_throughput"] / (2 * 10))
+
+
+# --------------------------------------------------------------------------------------------------
+# The inference levers: --freeze, --cuda-graphs, --max-autotune
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--freeze", "--mode", "training"], "use it with --mode inference only"),
+    (["--freeze", "--compileContext", "{'mode': 'reduce-overhead'}"], "drop the mode from --compileContext"),
+    (["--max-autotune", "--compileContext", "{'mode': 'max-autotune'}"], "drop the mode from --compileContext"),
+])
+def test_lever_misuse_exits_with_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        raise SystemExit(main(["--network", "resnet18", "--device", "cpu", *flags]))
+    assert exited.value.code != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(GPU, reason="checks the refusal on a machine without a GPU")
+def test_cuda_graphs_on_a_cpu_is_refused_before_anything_is_built(capsys):
+    assert main(["--network", "resnet18", "--device", "cpu", "--cuda-graphs"]) != 0
+    err = capsys.readouterr().err
+    assert "--cuda-graphs records the step as a GPU graph: it needs a GPU" in err and "Traceback" not in err
+
+
+def test_levers_imply_compile_and_build_their_inductor_options():
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["--network", "resnet50", "--freeze", "--cuda-graphs"]))
+    assert config.compile and config.levers == ["freeze", "cuda_graphs"]
+    assert config.inductor_options() == {"freezing": True, "triton.cudagraphs": True}
+    tuned = config_from_args(parser.parse_args(["--network", "resnet50", "--max-autotune"]))
+    # convolutions stay cuDNN/MIOpen calls: only the matrix products and generated kernels are tuned
+    assert tuned.inductor_options() == {"max_autotune": True, "max_autotune_conv_backends": "ATEN"}
+    merged = config_from_args(parser.parse_args(["--network", "resnet50", "--freeze",
+                                                 "--compileContext", "{'options': {'shape_padding': True}}"]))
+    assert merged.inductor_options() == {"shape_padding": True, "freezing": True}
+    plain = config_from_args(parser.parse_args(["--network", "resnet50"]))
+    assert not plain.compile and plain.levers == [] and plain.inductor_options() == {}
+
+
+def test_levers_need_compile_when_built_directly():
+    from inference.config import BenchmarkConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="set compile=True"):
+        BenchmarkConfig(network="resnet18", freeze=True).validate()
+    BenchmarkConfig(network="resnet18", compile=True, freeze=True).validate()
+
+
+def test_the_compile_keyword_arguments_carry_the_levers():
+    from inference.benchmark import _compile_kwargs
+    from inference.config import BenchmarkConfig
+
+    kwargs = _compile_kwargs(BenchmarkConfig(network="resnet18", compile=True, freeze=True, max_autotune=True))
+    assert kwargs == {"dynamic": False, "options": {"freezing": True, "max_autotune": True,
+                                                    "max_autotune_conv_backends": "ATEN"}}
+    assert "options" not in _compile_kwargs(BenchmarkConfig(network="resnet18", compile=True))
+
+
+@pytest.mark.slow
+def test_a_frozen_cpu_run_passes_the_check_and_says_so(tmp_path, capsys):
+    # about 25-40 s on 2 cores: one Inductor compile of ResNet-18 at 64 px, checked against fp32 eager
+    code = main(["--network", "resnet18", "--batch-size", "2", "--input-size", "64", "--iterations", "3",
+                 "--warmup", "1", "--device", "cpu", "--freeze", "--quiet", "--json", str(tmp_path / "r.json")])
+    assert code == 0, capsys.readouterr().err
+    (record,) = json.loads((tmp_path / "r.json").read_text())
+    assert record["compiled"] and record["levers"] == "freeze" and record["check"] == "passed"
+    assert record["accuracy_passed"] is True
