@@ -1,7 +1,10 @@
 """Notebook 07's exercise checks catch plausible wrong answers: each check cell of the solution notebook is
 run on the reference answer (it passes) and on an answer with one typical mistake (it fails, under
 WORKSHOP_STRICT=1). The launch sequence is a small GPU-like run: a reference forward, a warm-up with
-extra launches (cuDNN's algorithm search), and three timed forwards."""
+extra launches (cuDNN's algorithm search), and three timed forwards; the counters those of the sample ncu
+run in tests/data (a memory-bound batch norm, a compute-bound GEMM)."""
+
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -66,7 +69,7 @@ def _run(notebook, exercise, replace=None, selected_options=None):
 
 
 def test_the_reference_answers_pass(notebook):
-    assert set(notebook.found) == {"07.1", "07.2", "07.3"}
+    assert set(notebook.found) == {"07.1", "07.2", "07.3", "07.4"}
     _run(notebook, "07.1")
     _run(notebook, "07.2")
     _run(notebook, "07.3", selected_options=["--profile-from-start", "off", "--launch-count", "6"])
@@ -129,3 +132,45 @@ LIKE = "torch_side = timed[(timed[\"index\"] % per_forward).isin(positions)]"
 def test_like_with_like_mistakes_fail(notebook, wrong):
     with pytest.raises(CheckpointFailed):
         _run(notebook, "07.3", (LIKE, wrong), selected_options=["--profile-from-start", "off", "--launch-count", "6"])
+
+
+# --- 07.4: explain a kernel from its counters -----------------------------------------------------------
+
+SAMPLE_COUNTERS = Path(__file__).parent / "data" / "ncu_counters.csv"
+
+
+def _counters():
+    return vendor.kernel_counters(vendor.recorded_counters(SAMPLE_COUNTERS)[0])
+
+
+def _explain(notebook, replace=None):
+    namespace = {"pd": pd, "vendor": vendor, "vendor_checks": vendor_checks, "counters": _counters()}
+    notebook.run("07.4", namespace, replace)
+
+
+def test_the_reference_explanation_passes(notebook, capsys):
+    _explain(notebook)
+    assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake, message", [
+    # batch norm read as arithmetic: the comparison the wrong way round
+    (('if row["memory_pct"] >= row["sm_pct"]:', 'if row["memory_pct"] < row["sm_pct"]:'),
+     "the batch-norm kernel.*you say 'compute'.*far less busy than its memory"),
+    # no "is anything busy?" test: the busier unit always wins; the real kernels cannot show it
+    (('if max(row["sm_pct"], row["memory_pct"]) < vendor.HIGH_PCT:', 'if False:'),
+     "little work per launch.*you say 'memory'.*it is not busy"),
+    # DRAM only: a kernel limited by its cache traffic looks idle
+    (('    if row["memory_pct"] >= row["sm_pct"]:', '    if row["dram_pct"] >= row["sm_pct"]:'),
+     "reuses its data in L1/L2.*you say 'compute'.*read memory_pct"),
+    # the right limit, the wrong cure: more threads for a kernel that waits for bytes
+    (('return "memory", "fuse"', 'return "memory", "more_work_in_flight"'),
+     "memory-bound.*'more_work_in_flight'.*cannot move more bytes"),
+    # tensor cores for a memory-bound kernel
+    (('return "memory", "fuse"', 'return "memory", "tensor_cores"'),
+     "memory-bound.*'tensor_cores'.*waits for memory"),
+])
+def test_explanation_mistakes_fail_each_with_its_own_message(notebook, mistake, message):
+    old, new = mistake
+    with pytest.raises(CheckpointFailed, match=message):
+        _explain(notebook, (old, new))

@@ -5,6 +5,7 @@ import stat
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tinyllama.profiling import vendor
@@ -265,3 +266,96 @@ def test_a_fake_ncu_run_is_read_back(tmp_path, monkeypatch):
     cmd.run(timeout_s=30)
     frame = vendor.read_ncu_csv(cmd.outputs)
     assert len(frame) > 0 and "gpu__time_duration.sum" in frame
+
+
+# --- counters: what limits a kernel ------------------------------------------------------------------
+
+def test_the_counters_command_asks_ncu_for_the_documented_metrics_on_the_raw_page(tmp_path):
+    cmd = vendor.build_command("counters", TARGET, tmp_path, backend="cuda", tool="ncu", check=False,
+                               selection=["--profile-from-start", "off", "--launch-count", "12"],
+                               kernel_regex=vendor.ncu_kernel_regex(["void cudnn::bn_fw_inf_1C11_kernel_NCHW<float>(int)",
+                                                                     "sm90_xmma_gemm_f32f32_tf32f32"]))
+    argv = cmd.argv
+    assert argv[argv.index("--page") + 1] == "raw" and "--csv" in argv and "--section" not in argv
+    assert argv[argv.index("--metrics") + 1].split(",") == list(vendor.NCU_COUNTER_METRICS)
+    assert argv[argv.index("--kernel-name") + 1] == "regex:^(bn_fw_inf_1C11_kernel_NCHW|sm90_xmma_gemm_f32f32_tf32f32)$"
+    assert argv[argv.index("--launch-count") + 1] == "12" and argv[-len(TARGET):] == TARGET
+
+
+def test_the_rocprof_compute_counters_run_analyzes_each_kernel(tmp_path):
+    cmd = vendor.build_command("counters", TARGET, tmp_path, backend="rocm", check=False, kernels=3, name="r50")
+    assert cmd.argv[:2] == ["rocprof-compute", "profile"] and cmd.argv[cmd.argv.index("--") + 1:] == TARGET
+    assert len(cmd.then) == 3
+    for k, step in enumerate(cmd.then):
+        assert step[:2] == ["rocprof-compute", "analyze"] and step[step.index("-k") + 1] == str(k)
+        assert step[step.index("-b") + 1] == "2" and step[step.index("--save-dfs") + 1] == str(tmp_path / "r50" / f"sol_kernel_{k}")
+    with pytest.raises(ValueError, match="kernels"):
+        vendor.build_command("counters", TARGET, tmp_path, backend="rocm", check=False, kernels=0)
+
+
+def test_ncu_counters_per_launch_and_per_kernel():
+    launches = vendor.ncu_counters(vendor.read_ncu_csv(DATA / "ncu_counters.csv"))
+    assert list(launches["id"]) == [0, 1, 2, 3, 4, 5] and list(launches.columns[2:]) == list(vendor.COUNTER_COLUMNS)
+    bn = launches.iloc[0]
+    assert bn["duration_ns"] == 60_000 and bn["dram_bytes_per_s"] == pytest.approx(4.1e12)
+    assert bn["registers_per_thread"] == 32 and bn["theoretical_occupancy_pct"] == 100
+    # memory_pct is the busier of the memory system and DRAM
+    assert launches.iloc[4]["memory_pct"] == 82.0 and launches.iloc[4]["dram_pct"] == 25.0
+    table = vendor.kernel_counters(launches)
+    bn = table.iloc[0]  # the longest in total: two launches
+    assert "bn_fw_inf" in bn["kernel"]
+    assert bn["launches"] == 2 and bn["total_ns"] == 80_000
+    # time-weighted: the 60 us launch counts three times the 20 us one
+    assert bn["dram_pct"] == pytest.approx((86.2 * 60 + 80.2 * 20) / 80)
+    assert bn["dram_bytes_per_s"] == pytest.approx((4.1e12 * 60 + 3.8e12 * 20) / 80)
+    assert list(table["limiter"]) == ["memory", "compute", "memory", "memory", "latency"]
+
+
+@pytest.mark.parametrize("sm, memory, expected", [
+    (28.5, 86.2, "memory"),  # batch norm: memory busy, SMs idle
+    (78.4, 45.1, "compute"),  # a GEMM
+    (25.0, 35.0, "latency"),  # neither above 60%, though memory is ahead
+    (70.0, 70.0, "memory"),  # a tie goes to memory
+    (88.0, 72.0, "compute"),  # both busy, SMs ahead
+    (float("nan"), 65.0, "memory"),  # a missing counter counts as 0
+])
+def test_the_limiter_rule(sm, memory, expected):
+    assert vendor.limiter(sm, memory) == expected
+
+
+def test_counter_selection_reaches_every_kernel_within_the_limit():
+    names = ["void bn_fw<1>(int)", "void gemm_a<1>(int)"]
+    order = ["void bn_fw<1>(int)", "void relu<1>(int)", "void bn_fw<1>(int)", "void bn_fw<1>(int)", "void gemm_a<1>(int)",
+             "void bn_fw<1>(int)", "void gemm_a<1>(int)", "void gemm_a<1>(int)"]
+    timed = pd.DataFrame({"kernel": order, "range": "timed", "index": range(len(order))})
+    options, selected = vendor.counter_selection(timed, names, limit=50)
+    assert options == ["--profile-from-start", "off", "--launch-count", "6"]  # 2 of each; relu not matched
+    assert list(selected["index"]) == [0, 2, 3, 4, 5, 6]
+    options, selected = vendor.counter_selection(timed, names, limit=3)
+    assert options[-1] == "3" and len(selected) == 3
+    with pytest.raises(ValueError, match="no kernel names"):
+        vendor.ncu_kernel_regex([])
+
+
+def test_rocprof_compute_speed_of_light_in_the_same_columns():
+    folders = sorted((DATA / "rocprof_compute_sol").glob("sol_kernel_*"))
+    sol = vendor.read_rocprof_compute_sol(folders[0])
+    assert sol.loc["VALU Utilization", "Pct of Peak"] == 21.4 and pd.isna(sol.loc["LDS Bank Conflicts/Access", "Avg"])
+    table = vendor.rocprof_compute_counters(folders).set_index("kernel")
+    bn, gemm = table.loc["MIOpenBatchNormFwdInferSpatialEst"], table.iloc[1]
+    assert bn["dram_pct"] == pytest.approx(51.14 + 25.57)  # HBM read + write against the HBM peak
+    assert bn["dram_bytes_per_s"] == pytest.approx((2710.4 + 1355.2) * 1e9)
+    assert bn["achieved_occupancy_pct"] == 74.12 and bn["launches"] == 53 and bn["duration_ns"] == 47_000
+    assert bn["limiter"] == "memory"
+    assert gemm["sm_pct"] == 71.8 and gemm["limiter"] == "compute"  # MFMA busier than VALU
+    with pytest.raises(ValueError, match="speed-of-light"):
+        vendor.read_rocprof_compute_sol(DATA / "rocprofv3_kernel_stats.csv")
+
+
+def test_recorded_counters_read_with_their_description(tmp_path):
+    frame, meta = vendor.recorded_counters(DATA / "ncu_counters.csv")
+    assert len(frame) == 6 and meta["device"] == "sample"
+    with pytest.raises(FileNotFoundError, match="no recorded counters"):
+        vendor.recorded_counters(tmp_path / "missing.csv")
+    with pytest.raises(ValueError, match="lack"):
+        vendor.ncu_counters(vendor.read_ncu_csv(DATA / "ncu_details.csv").drop(columns="gpu__time_duration.sum"))

@@ -1,5 +1,6 @@
 """Checks of notebook 07's exercises (vendor profilers): a kernel-name classifier, the options that
-restrict ncu to the timed region, and the PyTorch-profiler launches to compare with ncu's.
+restrict ncu to the timed region, the PyTorch-profiler launches to compare with ncu's, and the
+explanation of a kernel from its hardware counters (what limits it, what would make it faster).
 
 Each check prints what was wrong in the participant's terms (which kernels, which launches, which
 phase of the run) and fails under ``WORKSHOP_STRICT=1`` like every checkpoint."""
@@ -11,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 import pandas as pd
 
 from tinyllama.course.checkpoints import checkpoint
-from tinyllama.profiling import kernel_names
+from tinyllama.profiling import kernel_names, vendor
 
 # Kernel names of both vendors and of a CPU, with their class: a classifier must read these too.
 SAMPLE_KERNELS: dict[str, str] = {
@@ -140,3 +141,114 @@ def check_like_with_like(torch_side: pd.DataFrame, launches: pd.DataFrame, selec
     iterations = torch_side["index"] // per_forward
     return checkpoint(True, f"the same {len(wanted)} launches of the forward, from {iterations.nunique()} "
                             "timed iteration(s): like with like", "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 07.4: explain a kernel from its counters
+# --------------------------------------------------------------------------------------------------
+
+# What would make a kernel faster: the participant names one of these for each kernel.
+REMEDY_CHOICES: dict[str, str] = {
+    "fuse": "remove a pass over memory: fuse the kernel with its neighbour or fold it away (batch norm folded "
+            "into the convolution's weights: `python -m inference --freeze`, measured in notebook 06)",
+    "tensor_cores": "faster arithmetic: tensor cores, a lower precision",
+    "more_work_in_flight": "more work in flight: more blocks or warps per SM (occupancy), more work per launch",
+}
+RIGHT_REMEDY = {"memory": "fuse", "compute": "tensor_cores", "latency": "more_work_in_flight"}
+# Why a remedy does not fit a limit: (limit, remedy) -> the reason, in the participant's terms.
+_WRONG_REMEDY = {
+    ("memory", "tensor_cores"): "tensor cores make arithmetic faster, but this kernel waits for memory: its SMs "
+                                "are far from busy, and faster arithmetic would wait just the same",
+    ("memory", "more_work_in_flight"): "the memory system already runs at {memory:.0f}% of its peak: more warps in "
+                                       "flight cannot move more bytes per second; only fewer bytes help",
+    ("compute", "fuse"): "the SMs are the busy unit ({sm:.0f}% of peak); removing a memory pass saves little "
+                         "when memory is not what the kernel waits for",
+    ("compute", "more_work_in_flight"): "the SMs are already busy ({sm:.0f}% of peak): more warps queue for the "
+                                        "same arithmetic units",
+    ("latency", "fuse"): "neither memory ({memory:.0f}%) nor the SMs ({sm:.0f}%) are busy: fewer bytes do not help a "
+                         "kernel that waits on latency; keep more work in flight",
+    ("latency", "tensor_cores"): "the SMs are not busy ({sm:.0f}% of peak): faster arithmetic does not help a kernel "
+                                 "that waits on latency",
+}
+
+
+def explanation_cases(counters: pd.DataFrame) -> list[tuple[str, pd.Series, str]]:
+    """The kernels a counter explanation is checked on: the batch-norm kernel and the longest
+    convolution/GEMM of ``counters`` (:func:`vendor.kernel_counters`, when there), then synthetic
+    kernels that separate the usual slips (a cache-bound kernel with little DRAM traffic, a kernel with
+    neither unit busy, one with both busy and the SMs ahead). Each case: (label, row, lesson)."""
+    cases: list[tuple[str, pd.Series, str]] = []
+    classes = counters["kernel"].map(kernel_names.kernel_class) if len(counters) else pd.Series(dtype=str)
+    for kind, label in ((kernel_names.BATCH_NORM, "the batch-norm kernel"), (kernel_names.CONV_GEMM, "the convolution")):
+        rows = counters[classes == kind]
+        if len(rows):
+            row = rows.sort_values("total_ns", ascending=False).iloc[0]
+            cases.append((f"{label} ({kernel_names.short_name(row['kernel'])})", row, ""))
+
+    def synthetic(sm: float, memory: float, dram: float, occupancy: float) -> pd.Series:
+        return pd.Series({"kernel": "synthetic", "sm_pct": sm, "memory_pct": memory, "dram_pct": dram,
+                          "achieved_occupancy_pct": occupancy})
+
+    cases += [
+        ("a synthetic kernel that reuses its data in L1/L2", synthetic(48.0, 84.0, 22.0, 70.0),
+         "DRAM is at 22% but the memory system as a whole (its caches) at 84%: read memory_pct, the busiest "
+         "memory unit, not only DRAM's share"),
+        ("a synthetic kernel with little work per launch", synthetic(18.0, 35.0, 34.0, 20.0),
+         f"memory is ahead of the SMs, but at 35% of its peak it is not busy: below {vendor.HIGH_PCT:.0f}% on both "
+         "sides the kernel is waiting (latency), not limited by either unit"),
+        ("a synthetic GEMM-like kernel", synthetic(88.0, 72.0, 40.0, 25.0),
+         "both units are busy; the SMs are the busier (88% against 72%): compute-bound"),
+    ]
+    return cases
+
+
+def check_counter_explanation(explain: Callable[[pd.Series], tuple[str, str]], counters: pd.DataFrame) -> bool:
+    """``explain(row)`` returns (limit, remedy) for one kernel's counters: the limit as
+    :func:`vendor.limiter` reads it (``"memory"``, ``"compute"`` or ``"latency"``) and the remedy of
+    :data:`REMEDY_CHOICES` that fits it, on the run's batch-norm kernel and convolution and on the
+    synthetic kernels of :func:`explanation_cases`. The first wrong case is named with its counters."""
+    cases = explanation_cases(counters)
+    real = [label for label, row, _ in cases if row["kernel"] != "synthetic"]
+    for label, row, lesson in cases:
+        sm, memory, dram = (float(row[c]) for c in ("sm_pct", "memory_pct", "dram_pct"))
+        numbers = f"SM {sm:.0f}%, memory {memory:.0f}%, DRAM {dram:.0f}% of peak"
+        try:
+            answer = explain(row)
+        except Exception as error:  # the participant's function raised: say on which kernel
+            return checkpoint(False, "", f"explain raised {type(error).__name__} on {label} ({numbers}): {error}")
+        if not (isinstance(answer, tuple) and len(answer) == 2):
+            return checkpoint(False, "", f"explain returned {answer!r} for {label}: return a pair (limit, remedy), "
+                                         f"e.g. ('memory', 'fuse')")
+        limit, remedy = answer
+        if limit not in vendor.LIMITERS:
+            return checkpoint(False, "", f"{label}: {limit!r} is not a limit; say one of {list(vendor.LIMITERS)}")
+        if remedy not in REMEDY_CHOICES:
+            return checkpoint(False, "", f"{label}: {remedy!r} is not a remedy; choose one of {list(REMEDY_CHOICES)}")
+        expected = vendor.limiter(sm, memory)
+        if limit != expected:
+            reason = lesson or _real_limit_reason(limit, expected, sm, memory)
+            return checkpoint(False, "", f"{label} ({numbers}): you say {limit!r}, the counters say {expected!r}. "
+                                         f"{reason}.")
+        if remedy != RIGHT_REMEDY[expected]:
+            why = _WRONG_REMEDY[(expected, remedy)].format(sm=sm, memory=memory)
+            return checkpoint(False, "", f"{label} is {expected}-bound ({numbers}), and you would make it faster "
+                                         f"with {remedy!r}: {why}.")
+    return checkpoint(True, f"your explanation reads {', '.join(real) or 'the recorded kernels'} and "
+                            f"{len(cases) - len(real)} synthetic kernels as the counters do", "")
+
+
+def _real_limit_reason(said: str, expected: str, sm: float, memory: float) -> str:
+    """Why a measured kernel's limit is ``expected`` and not what the participant ``said``."""
+    high = vendor.HIGH_PCT
+    if expected == "memory" and said == "compute":
+        return ("its SMs are far less busy than its memory: it does a few operations per byte it reads and writes, "
+                "so the time goes to moving the bytes")
+    if expected == "memory":
+        return (f"memory at {memory:.0f}% of its peak is busy: a kernel waits on latency only when neither unit "
+                f"reaches {high:.0f}%")
+    if expected == "compute" and said == "memory":
+        return f"the SMs ({sm:.0f}%) are busier than memory ({memory:.0f}%): the arithmetic sets the pace"
+    if expected == "compute":
+        return f"the SMs at {sm:.0f}% of their peak are busy: not waiting, working"
+    return (f"neither the SMs ({sm:.0f}%) nor memory ({memory:.0f}%) reach {high:.0f}% of their peak: the kernel "
+            "waits (latency), whichever of the two is ahead")

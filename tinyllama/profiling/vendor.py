@@ -169,6 +169,20 @@ NCU_TENSOR_METRICS: tuple[str, ...] = (
     "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
 )
 NCU_COUNTER_SECTIONS: tuple[str, ...] = ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats")
+# The counters that say what limits a kernel, by their documented names (the metrics behind ncu's
+# SpeedOfLight, Occupancy and LaunchStats sections): time, SM and memory throughput as a percentage of
+# the peak sustained rate ("speed of light"), DRAM's share and its achieved bandwidth, achieved and
+# theoretical occupancy, registers per thread. The ``counters`` run asks for exactly these (raw page).
+NCU_COUNTER_METRICS: tuple[str, ...] = (
+    "gpu__time_duration.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__bytes.sum.per_second",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm__maximum_warps_per_active_cycle_pct",
+    "launch__registers_per_thread",
+)
 
 
 @dataclass
@@ -246,6 +260,7 @@ def build_command(
     metrics: Sequence[str] | None = None,
     selection: Sequence[str] | None = None,
     clock_control: str | None = None,
+    kernels: int = 5,
     tools: dict[str, ToolInfo] | None = None,
 ) -> ProfilerCommand:
     """The command line that profiles ``target`` (an argv, e.g. ``["python", "-m", "tinyllama.bench",
@@ -260,7 +275,11 @@ def build_command(
     (:data:`NCU_ROOFLINE_METRICS` + :data:`NCU_TENSOR_METRICS` for the roofline); ``selection``
     replaces ncu's launch options by yours (e.g. ``["--profile-from-start", "off", "--launch-count",
     "60"]``, checked by :func:`kernel_names.parse_ncu_selection`); ``clock_control`` (``"base"``, ncu's
-    default, or ``"none"``) sets the clocks of an ncu ``kernel_stats`` run (the roofline runs at ``"none"``).
+    default, or ``"none"``) sets the clocks of an ncu ``kernel_stats`` or ``counters`` run (the roofline
+    runs at ``"none"``). An ncu ``counters`` run reads :data:`NCU_COUNTER_METRICS` (raw page, one row per
+    launch: :func:`ncu_counters`); a rocprof-compute ``counters`` run is followed by one ``analyze`` per
+    kernel (the ``kernels`` longest, as ``analyze --list-stats`` numbers them) that saves its
+    speed-of-light table (:func:`read_rocprof_compute_sol`).
     """
     if task not in TASKS:
         raise ValueError(f"unknown profiling task {task!r}: choose one of {', '.join(TASKS)}")
@@ -290,7 +309,7 @@ def build_command(
         raise ValueError(f"clock_control must be 'base' (ncu's default) or 'none', not {clock_control!r}")
     return builder(task, target, out, name, launch_skip=launch_skip, launch_count=launch_count,
                    kernel_regex=kernel_regex, profiler_range=profiler_range, metrics=metrics,
-                   selection=selection, clock_control=clock_control)
+                   selection=selection, clock_control=clock_control, kernels=kernels)
 
 
 def _rocprofv3(task: str, target: list[str], out: Path, name: str, **_: object) -> ProfilerCommand:
@@ -317,7 +336,7 @@ def _rocprof_sys(task: str, target: list[str], out: Path, name: str, **_: object
 
 
 def _rocprof_compute(task: str, target: list[str], out: Path, name: str, *, kernel_regex: str | None = None,
-                     **_: object) -> ProfilerCommand:
+                     kernels: int = 5, **_: object) -> ProfilerCommand:
     workload = out / name
     argv = ["rocprof-compute", "profile", "-n", name, "-p", str(workload)]
     if task == "roofline":
@@ -325,6 +344,16 @@ def _rocprof_compute(task: str, target: list[str], out: Path, name: str, *, kern
     if kernel_regex:
         argv += ["-k", kernel_regex]
     argv += ["--", *target]
+    if task == "counters":
+        if kernels < 1:
+            raise ValueError("kernels must be at least 1: how many of the longest kernels to analyze")
+        # One analysis per kernel (ids of `analyze --list-stats`, longest first), each saving its tables
+        # as CSV (--save-dfs); -b 2 keeps the System Speed-of-Light panel.
+        then = [["rocprof-compute", "analyze", "-p", str(workload), "-k", str(k), "-b", "2",
+                 "--save-dfs", str(workload / f"sol_kernel_{k}")] for k in range(kernels)]
+        return ProfilerCommand(
+            task, "rocprof-compute", argv, f"{workload}/sol_kernel_*/2.1_Speed-of-Light.csv", then=then,
+            note="read with rocprof_compute_counters(sorted(workload.glob('sol_kernel_*')))")
     return ProfilerCommand(
         task, "rocprof-compute", argv, f"{workload}/roofline.csv and {workload}/pmc_perf.csv",
         then=[["rocprof-compute", "analyze", "-p", str(workload)]],
@@ -368,8 +397,9 @@ def _ncu(task: str, target: list[str], out: Path, name: str, *, launch_skip: int
         # Real clocks (ncu locks them to base by default), so durations match an unprofiled run.
         argv += ["--clock-control", "none", "--metrics", ",".join(metrics or NCU_ROOFLINE_METRICS + NCU_TENSOR_METRICS)]
     else:
-        for section in NCU_COUNTER_SECTIONS:
-            argv += ["--section", section]
+        # Raw page: one row per launch, one column per metric, a row of units under the header.
+        argv += ["--clock-control", clock_control] if clock_control else []
+        argv += ["--page", "raw", "--metrics", ",".join(metrics or NCU_COUNTER_METRICS)]
     argv += target
     note = ("ncu replays every kernel many times: keep --launch-count small. Read with read_ncu_csv(); "
             "for the GUI add -o REPORT (a .ncu-rep) or use --set roofline.")
@@ -646,3 +676,195 @@ def rocprof_compute_points(pmc: pd.DataFrame) -> pd.DataFrame:
     points["tflops"] = points["flops"] / seconds / 1e12
     points["tbs"] = points["hbm_bytes"] / seconds / 1e12
     return points.sort_values("time_ns", ascending=False).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Counters: what limits a kernel
+# --------------------------------------------------------------------------------------------------
+
+# The columns of a counter table, whichever tool measured it (NaN where a tool has no such counter).
+COUNTER_COLUMNS = ("duration_ns", "sm_pct", "memory_pct", "dram_pct", "dram_bytes_per_s",
+                   "achieved_occupancy_pct", "theoretical_occupancy_pct", "registers_per_thread")
+_NCU_COUNTER_NAMES = dict(zip(NCU_COUNTER_METRICS, COUNTER_COLUMNS))
+
+# A unit "busy" above this share of its peak: Nsight Compute's own speed-of-light rule calls a kernel
+# whose compute and memory throughput both stay below 60% of peak latency-limited.
+HIGH_PCT = 60.0
+LIMITERS: dict[str, str] = {
+    "memory": "memory-bound: the memory system (DRAM or the caches) is the busiest unit, above "
+              f"{HIGH_PCT:.0f}% of its peak and above the SMs' throughput",
+    "compute": f"compute-bound: the SMs' throughput is above {HIGH_PCT:.0f}% of peak and above memory's",
+    "latency": f"latency-bound: neither the SMs nor memory reach {HIGH_PCT:.0f}% of peak; the kernel waits "
+               "(too few warps in flight to hide memory latency, too little work per launch, dependencies)",
+}
+# What makes a kernel of each class faster.
+REMEDIES: dict[str, str] = {
+    "memory": "move fewer bytes: fuse it with its neighbour or fold it away (one pass over memory less), "
+              "or use a smaller number format",
+    "compute": "do less or cheaper arithmetic: tensor cores, a lower precision, a better algorithm",
+    "latency": "keep more work in flight: more blocks or warps (occupancy), more work per launch, fewer "
+               "dependent steps",
+}
+
+
+def limiter(sm_pct: float, memory_pct: float, high: float = HIGH_PCT) -> str:
+    """What limits a kernel, from its speed-of-light throughputs (percent of peak): ``"memory"`` when
+    the memory throughput (DRAM or a cache, the busiest) reaches ``high`` and is at least the SMs',
+    ``"compute"`` when the SMs' throughput reaches ``high`` and exceeds memory's, else ``"latency"``
+    (neither unit busy: the kernel waits). NaN counts as 0."""
+    sm = 0.0 if pd.isna(sm_pct) else float(sm_pct)
+    memory = 0.0 if pd.isna(memory_pct) else float(memory_pct)
+    if max(sm, memory) < high:
+        return "latency"
+    return "memory" if memory >= sm else "compute"
+
+
+def ncu_counters(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per profiled launch (``id``, ``kernel`` and :data:`COUNTER_COLUMNS`) from an ncu run with
+    :data:`NCU_COUNTER_METRICS` (``read_ncu_csv``). ``memory_pct`` is the larger of the memory throughput
+    (the busiest of DRAM, L1 and L2) and DRAM's; a metric the run lacks is NaN, and a run without
+    the time or the two throughputs is refused."""
+    needed = ["gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+              "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"]
+    missing = [m for m in needed if m not in frame]
+    if missing:
+        raise ValueError(f"these ncu results lack {missing}: profile with --metrics "
+                         f"{','.join(NCU_COUNTER_METRICS)} (vendor.build_command('counters', ...))")
+    out = frame[["id", "kernel"]].copy()
+    for metric, column in _NCU_COUNTER_NAMES.items():
+        out[column] = pd.to_numeric(frame[metric], errors="coerce") if metric in frame else float("nan")
+    out["memory_pct"] = out[["memory_pct", "dram_pct"]].max(axis=1)
+    return out.reset_index(drop=True)
+
+
+def kernel_counters(launches: pd.DataFrame, high: float = HIGH_PCT) -> pd.DataFrame:
+    """Per kernel name, from per-launch counters (:func:`ncu_counters`): ``launches``, ``total_ns``, the
+    time-weighted mean of every percentage and of the DRAM bandwidth (a long launch counts more), the
+    registers per thread, and ``limiter`` (:func:`limiter`); longest first."""
+    if launches.empty:
+        raise ValueError("no launch to summarise: did ncu profile any kernel (check its kernel filter)?")
+    rows = []
+    for name, group in launches.groupby("kernel", sort=False):
+        weight = group["duration_ns"].fillna(0.0)
+        row = {"kernel": name, "launches": len(group), "total_ns": weight.sum(),
+               "duration_ns": group["duration_ns"].mean()}
+        for column in COUNTER_COLUMNS[1:]:
+            values = group[column]
+            ok = values.notna() & (weight > 0)
+            row[column] = float((values[ok] * weight[ok]).sum() / weight[ok].sum()) if ok.any() else float("nan")
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table["limiter"] = [limiter(s, m, high) for s, m in zip(table["sm_pct"], table["memory_pct"])]
+    return table.sort_values("total_ns", ascending=False, ignore_index=True)
+
+
+def ncu_kernel_regex(names: Iterable[str]) -> str:
+    """An ncu ``--kernel-name regex:`` value that matches these kernels (by their function name, ncu's
+    default ``--kernel-name-base``) and no other: ``^(a|b)$``."""
+    bases = sorted({kernel_names.short_name(n) for n in names})
+    if not bases:
+        raise ValueError("no kernel names given: pick the kernels to profile first")
+    return "^(" + "|".join(re.escape(b) for b in bases) + ")$"
+
+
+def counter_selection(timed: pd.DataFrame, names: Iterable[str], limit: int, per_kernel: int = 2,
+                      capture_range: str = "timed") -> tuple[list[str], pd.DataFrame]:
+    """The ncu options that profile the kernels ``names`` in the timed range, and the launches of
+    ``timed`` (launch order, ``kernel`` column) they select.
+
+    ncu applies ``--launch-count`` to the launches its kernel filter lets through, so the count is the
+    smallest that reaches ``per_kernel`` launches of every kernel (matched by function name), at most
+    ``limit``. Returns (options without the kernel filter, selected rows)."""
+    bases = {kernel_names.short_name(n) for n in names}
+    if limit < 1:
+        raise ValueError("limit must be at least 1 launch")
+    rows = timed[timed["range"] == capture_range] if "range" in timed else timed
+    eligible = rows[rows["kernel"].map(kernel_names.short_name).isin(bases)]
+    seen: dict[str, int] = {}
+    count = len(eligible)
+    for i, name in enumerate(eligible["kernel"].map(kernel_names.short_name)):
+        seen[name] = seen.get(name, 0) + 1
+        if len(seen) == len(bases) and min(seen.values()) >= per_kernel:
+            count = i + 1
+            break
+    count = max(1, min(count, limit))
+    return ["--profile-from-start", "off", "--launch-count", str(count)], eligible.head(count)
+
+
+def read_rocprof_compute_sol(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """rocprof-compute's System Speed-of-Light table as ``analyze --save-dfs DIR`` writes it
+    (``2.1_Speed-of-Light.csv``: ``Metric``, ``Avg``, ``Unit``, ``Peak``, ``Pct of Peak``), indexed by metric,
+    values as numbers (a blank cell, an unavailable counter, is NaN)."""
+    raw = pd.read_csv(_find_file(path, "2.1_Speed-of-Light.csv"), dtype=str, keep_default_na=False)
+    raw.columns = [c.strip() for c in raw.columns]
+    missing = {"Metric", "Avg", "Pct of Peak"} - set(raw.columns)
+    if missing:
+        raise ValueError(f"not a rocprof-compute speed-of-light table: columns {sorted(missing)} are missing")
+    table = raw.assign(Metric=raw["Metric"].str.strip()).set_index("Metric")
+    for column in ("Avg", "Peak", "Pct of Peak"):
+        if column in table:
+            table[column] = pd.to_numeric(table[column].str.strip(), errors="coerce")
+    return table
+
+
+def _sol(table: pd.DataFrame, names: Sequence[str], column: str) -> float:
+    """The first of ``names`` in a speed-of-light table (metric names vary a little between releases)."""
+    for name in names:
+        if name in table.index and pd.notna(table.loc[name, column]):
+            return float(table.loc[name, column])
+    return float("nan")
+
+
+def rocprof_compute_counters(folders: Iterable[str | os.PathLike[str]], high: float = HIGH_PCT) -> pd.DataFrame:
+    """One row per analyzed kernel (a folder of ``analyze -k K --save-dfs``) in the columns of
+    :func:`kernel_counters`: ``sm_pct`` is the busier of VALU and MFMA utilisation, ``dram_pct`` and
+    ``dram_bytes_per_s`` the HBM traffic (L2-Fabric read + write bandwidth against the HBM peak), ``memory_pct``
+    the busiest of HBM, L2 and vector L1, ``achieved_occupancy_pct`` the wavefront occupancy. The kernel's
+    name and time come from the folder's ``0.1_Top_Kernels.csv`` when it is there."""
+    rows = []
+    for folder in folders:
+        folder = Path(folder)
+        sol = read_rocprof_compute_sol(folder)
+        hbm_pct = sum(_sol(sol, [m], "Pct of Peak") for m in ("L2-Fabric Read BW", "L2-Fabric Write BW"))
+        hbm_gbs = sum(_sol(sol, [m], "Avg") for m in ("L2-Fabric Read BW", "L2-Fabric Write BW"))
+        sm = max(_sol(sol, ["VALU Utilization", "VALU Util"], "Pct of Peak"),
+                 _sol(sol, ["MFMA Utilization", "MFMA Util"], "Pct of Peak"))
+        caches = [_sol(sol, [m], "Pct of Peak") for m in ("L2 Cache BW", "vL1D Cache BW", "Vector L1D Cache BW")]
+        memory = max([hbm_pct, *[c for c in caches if pd.notna(c)]])
+        row = {"kernel": folder.name, "launches": float("nan"), "total_ns": float("nan"), "duration_ns": float("nan"),
+               "sm_pct": sm, "memory_pct": memory, "dram_pct": hbm_pct, "dram_bytes_per_s": hbm_gbs * 1e9,
+               "achieved_occupancy_pct": _sol(sol, ["Wavefront Occupancy", "Wave Occupancy"], "Pct of Peak"),
+               "theoretical_occupancy_pct": float("nan"), "registers_per_thread": float("nan")}
+        top = folder / "0.1_Top_Kernels.csv"
+        if top.exists():
+            kernels = pd.read_csv(top)
+            if len(kernels) and "Kernel_Name" in kernels:
+                first = kernels.iloc[0]
+                row.update(kernel=str(first["Kernel_Name"]), launches=first.get("Count", float("nan")),
+                           total_ns=first.get("Sum(ns)", float("nan")), duration_ns=first.get("Mean(ns)", float("nan")))
+        rows.append(row)
+    if not rows:
+        raise ValueError("no analyze output given: pass the sol_kernel_* folders of the counters run")
+    table = pd.DataFrame(rows)
+    table["limiter"] = [limiter(s, m, high) for s, m in zip(table["sm_pct"], table["memory_pct"])]
+    return table
+
+
+# The counters of a real run, kept with the package for machines without ncu (a CPU, a node without
+# the tool): the raw ncu CSV of notebook 07's counters run and a JSON of where and when it was taken.
+RECORDED_COUNTERS = Path(__file__).with_name("data") / "resnet50_ncu_counters.csv"
+
+
+def recorded_counters(csv_path: str | os.PathLike[str] | None = None) -> tuple[pd.DataFrame, dict]:
+    """The recorded per-launch counters (:func:`ncu_counters`) and their description (``device``,
+    ``date``, ``command``, ... from the JSON beside the CSV; ``{}`` without one). Reads
+    :data:`RECORDED_COUNTERS` unless ``csv_path`` names another file; raises ``FileNotFoundError`` when
+    there is none."""
+    import json
+
+    path = Path(csv_path) if csv_path is not None else RECORDED_COUNTERS
+    if not path.exists():
+        raise FileNotFoundError(f"no recorded counters at {path}")
+    meta_path = path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return ncu_counters(read_ncu_csv(path)), meta
