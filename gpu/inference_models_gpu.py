@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,6 +42,9 @@ def log(message: str) -> None:
 
 
 def commit() -> str:
+    # OURS_COMMIT first: a device machine may run a copy of the tree whose .git is not the tree's commit.
+    if os.environ.get("OURS_COMMIT"):
+        return os.environ["OURS_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()

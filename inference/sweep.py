@@ -88,8 +88,11 @@ def sweep_batch_sizes(config: BenchmarkConfig, batch_sizes: Iterable[int], runne
 @dataclass
 class MaxBatchResult(BatchSearch):
     """:class:`tinyllama.anatomy.BatchSearch` of a network, with the full benchmark at the largest
-    batch that fits (``result``; ``None`` when even that run ran out of memory), and the memory budget
-    the search ran under (``memory_budget_bytes``; ``None``: the whole device)."""
+    batch that fits (``result``; ``None`` when no full run was asked for or none completed), and the
+    memory budget the search ran under (``memory_budget_bytes``; ``None``: the whole device).
+
+    When the full benchmark was asked for, ``largest`` is a batch whose full run completed, never one
+    that only a short probe survived."""
 
     result: BenchmarkResult | None = None
     memory_budget_bytes: int | None = None
@@ -111,11 +114,17 @@ class MaxBatchResult(BatchSearch):
         """One line: the largest batch that fits, what bounded the search, and every probe."""
         where = (f"a memory budget of {self.memory_budget_bytes / 2**30:.3g} GiB"
                  if self.memory_budget_bytes is not None else "the whole device")
+        if self.largest is None and any(status == FULL_RUN_OUT_OF_MEMORY for _, status in self.probes):
+            probes = ", ".join(f"{b}: {status}" for b, status in self.probes)
+            return (f"no batch completed its full run: the probes fitted, every full run ran out of memory "
+                    f"(probes: {probes}); in {where}")
         if self.bounded_by == "batch limit":
             bound = (f"bounded by the batch limit {self.limit}: nothing ran out of memory, so the largest batch "
                      "is not known (raise the limit or lower the budget)")
         else:
-            bound = f"bounded by the {self.bounded_by}: batch {self.first_failing} ran out of memory"
+            in_full_run = (self.first_failing, FULL_RUN_OUT_OF_MEMORY) in self.probes
+            bound = (f"bounded by the {self.bounded_by}: batch {self.first_failing} ran out of memory"
+                     + (" in its full run" if in_full_run else ""))
         return f"{super().describe()}; in {where}, {bound}"
 
 
@@ -127,7 +136,10 @@ def find_max_batch_size(config: BenchmarkConfig, start: int | None = None, limit
     they are within ``resolution`` (a fraction of the smaller; 0: exactly)
     (:func:`tinyllama.anatomy.largest_batch`). Each probe is a short run (1 warm-up, 1 timed
     iteration, no check); with ``benchmark_largest`` the largest size that fits is then benchmarked
-    with ``config``'s own settings (``result``).
+    with ``config``'s own settings (``result``). A full run does more than a probe (the reference
+    check, more iterations, other convolution algorithms) and can run out of memory where the probe
+    did not: then the search goes down to a batch whose full run completes
+    (:func:`_confirm_with_full_runs`), and that is the largest batch it reports.
 
     With ``memory_budget_bytes`` every run (probes and the final one) may hold at most that much
     (:func:`inference.memory.memory_budget`: the GPU's allocator capped, or live tensors counted on
@@ -157,14 +169,48 @@ def find_max_batch_size(config: BenchmarkConfig, start: int | None = None, limit
             return True
 
         search = largest_batch(fits, start=size, limit=limit, resolution=resolution)
-    found = MaxBatchResult(search.largest, search.first_failing, limit, search.probes,
+    found = MaxBatchResult(search.largest, search.first_failing, limit, list(search.probes),
                            memory_budget_bytes=memory_budget_bytes)
     if found.largest is not None and benchmark_largest:
-        try:  # the full run keeps a reference copy for its check, so it can need a little more
-            found.result = budgeted(config.replace(batch_size=found.largest, progress=False))
-        except OutOfMemoryError as error:
-            found.probes.append((found.largest, f"full run: {str(error).split(':')[0]}"))
+        _confirm_with_full_runs(found, lambda batch: budgeted(config.replace(batch_size=batch, progress=False)),
+                                resolution)
     return found
+
+
+FULL_RUN_COMPLETED = "full run: completed"
+FULL_RUN_OUT_OF_MEMORY = "full run: out of memory"
+
+
+def _confirm_with_full_runs(found: MaxBatchResult, full_run: Callable[[int], BenchmarkResult],
+                            resolution: float) -> None:
+    """Make ``found.largest`` a batch whose full run completed (in place): try the sizes the probes
+    passed, largest first, until a full run completes; if a larger one failed, bisect between the two
+    with full runs to ``resolution``. ``found.first_failing`` becomes the smallest size whose full run
+    ran out of memory, ``found.result`` the full run of ``found.largest`` (``None`` if none completed)."""
+    good: int | None = None
+    bad: int | None = None
+
+    def attempt(batch: int) -> bool:
+        nonlocal good, bad
+        try:
+            result = full_run(batch)
+        except OutOfMemoryError:
+            found.probes.append((batch, FULL_RUN_OUT_OF_MEMORY))
+            bad = batch if bad is None else min(bad, batch)
+            return False
+        found.probes.append((batch, FULL_RUN_COMPLETED))
+        good, found.result = batch, result
+        return True
+
+    for batch in sorted({b for b, status in found.probes if status == "fits"}, reverse=True):
+        if attempt(batch):
+            break
+    if good is not None and bad is not None:
+        while bad - good > max(1, int(good * resolution)):
+            attempt((good + bad) // 2)
+    found.largest = good
+    if bad is not None:
+        found.first_failing = bad
 
 
 def run_many(configs: Iterable[BenchmarkConfig], runner: Runner = run_benchmark) -> list[BenchmarkResult | OutOfMemoryError]:

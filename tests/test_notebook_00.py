@@ -107,3 +107,90 @@ def test_the_record_keeps_the_keys_later_notebooks_read():
     record = [cell.source for cell in nb.cells if "session.record(" in cell.source][0]
     for key in ('f"matmul_{precision}_tflops"', '"matmul_size"', '"copy_tbs"', '"verdict"'):
         assert key in record
+
+
+# ------------------------------------------------------------------------ the matrix-size sweep
+
+
+def _times(single_us, back_to_back_us, issue_us, spread=0.05):
+    """CallTimes with medians in microseconds and a p10-p90 band of +-spread around each."""
+    from tinyllama.timing import CallTimes, summarize
+
+    def stats(us):
+        ms = us / 1e3
+        return summarize([ms * (1 - spread), ms, ms * (1 + spread)])
+
+    return CallTimes(stats(single_us), stats(back_to_back_us), stats(issue_us), calls=50)
+
+
+# An H200's bf16 sweep in shape: a single small product costs its launch (about 25 us), back to back the
+# small ones run at the host's issue rate, the large ones at the device's.
+GPU_SWEEP = {256: (25.0, 6.0, 5.5), 1024: (30.0, 9.0, 5.5), 2048: (40.0, 28.0, 5.5), 8192: (1460.0, 1450.0, 5.5)}
+
+
+def _points(sweep, on_gpu=True):
+    from tinyllama.course import matmul_sweep
+
+    return [matmul_sweep.SweepPoint(n, "bf16", _times(*us), on_gpu) for n, us in sweep.items()]
+
+
+def test_the_sweep_classifies_launch_bound_visible_and_busy_sizes():
+    points = {p.n: p for p in _points(GPU_SWEEP)}
+    assert [points[n].regime for n in (256, 1024, 2048, 8192)] == [
+        "launch-bound", "launch-bound", "launch visible", "device busy"]
+    assert points[256].issue_bound and not points[8192].issue_bound
+    assert points[8192].back_to_back_tflops == pytest.approx(2 * 8192**3 / 1450e-6 / 1e12)
+
+
+def test_overlapping_bands_are_within_noise_not_launch_bound():
+    from tinyllama.course import matmul_sweep
+
+    noisy = matmul_sweep.SweepPoint(512, "bf16", _times(30.0, 14.0, 5.0, spread=0.5), True)
+    assert noisy.single_over_back_to_back > matmul_sweep.LAUNCH_BOUND_FACTOR
+    assert noisy.regime == "device busy"  # the two bands overlap: no verdict beyond the noise
+
+
+def test_the_lessons_follow_the_data():
+    from tinyllama.course import matmul_sweep
+
+    text = " ".join(matmul_sweep.lessons(_points(GPU_SWEEP)))
+    assert "Launch-bound single calls at n = 256, 1024" in text
+    assert "busy with the work at n = 8192" in text
+    assert "host set the pace at n = 256:" in text  # 5.5 of 6 us; at 1024 5.5 of 9 us is not
+    # A device with no launch-bound size: the text must not claim one.
+    calm = {n: (us[1] * 1.01, us[1], 1.0) for n, us in GPU_SWEEP.items()}
+    text = " ".join(matmul_sweep.lessons(_points(calm)))
+    assert "No size of the sweep" in text and "Launch-bound single calls" not in text
+    assert "host set the pace" not in text
+    cpu = " ".join(matmul_sweep.lessons(_points(GPU_SWEEP, on_gpu=False)))
+    assert cpu.startswith("On a CPU") and {p.regime for p in _points(GPU_SWEEP, on_gpu=False)} == {"no launch (CPU)"}
+    with pytest.raises(ValueError, match="no sweep points"):
+        matmul_sweep.lessons([])
+
+
+def test_the_half_rate_size_reads_the_chosen_series():
+    from tinyllama.course import matmul_sweep
+
+    points = _points(GPU_SWEEP)
+    assert matmul_sweep.half_rate_n(points) == 2048 and matmul_sweep.half_rate_n(points, back_to_back=False) == 2048
+    fast = {512: (10.0, 1.0, 0.5), 1024: (10.0, 8.0, 0.5), 2048: (64.0, 64.0, 0.5)}  # rates 268, 268, 268 back to back
+    assert matmul_sweep.half_rate_n(_points(fast)) == 512
+    assert matmul_sweep.half_rate_n(_points(fast), back_to_back=False) == 1024
+
+
+def test_single_and_back_to_back_times_are_measured_on_the_cpu():
+    import torch
+
+    from tinyllama.course import matmul_sweep
+    from tinyllama.timing import time_single_and_back_to_back
+
+    times = time_single_and_back_to_back(lambda: torch.ones(8).sum(), "cpu", warmup=1, repeat=3, target_ms=0.5,
+                                         max_calls=7)
+    assert 1 <= times.calls <= 7 and times.single.n == times.back_to_back.n == 3
+    assert times.issue.median == times.back_to_back.median  # on the CPU the host does the work
+    points = matmul_sweep.sweep("fp32", [16, 8], torch.device("cpu"), warmup=1, repeat=2, target_ms=0.2)
+    assert [p.n for p in points] == [8, 16] and all(p.single_tflops > 0 for p in points)
+    with pytest.raises(ValueError, match="unknown precision"):
+        matmul_sweep.sweep("fp64", [8], torch.device("cpu"))
+    with pytest.raises(ValueError, match="at least 1"):
+        time_single_and_back_to_back(lambda: None, "cpu", repeat=0)

@@ -102,22 +102,33 @@ GPU = (4096, 25_557_032, "fp16", 340, 668)  # ResNet-50 at 224 px: the weights t
 CPU = (6, 1_248_424, "bf16", 11, 68)  # SqueezeNet at 32 px: the weights take 79% of it
 
 
-def _search(largest, bounded_by="memory budget"):
-    return SimpleNamespace(max_batch_size=largest, first_failing=largest + 1, bounded_by=bounded_by, result=None,
+def _search(largest, bounded_by="memory budget", full_run=False):
+    """A finished search; with ``full_run`` (as on a GPU) the full benchmark at the largest batch completed."""
+    result = SimpleNamespace(batch_size=largest, throughput=1000.0) if full_run else None
+    return SimpleNamespace(max_batch_size=largest, first_failing=largest + 1, bounded_by=bounded_by, result=result,
                            describe=lambda: f"largest batch that fits: {largest}")
 
 
-def _batch(notebook, scenario, replace=None, bounded_by="memory budget"):
+def _batch(notebook, scenario, replace=None, bounded_by="memory budget", full_runs=None):
     budget_mib, params, half, fp32_largest, half_largest = scenario
+    on_gpu = half == "fp16"
+    full_runs = on_gpu if full_runs is None else full_runs
     bytes_per_value = {"fp32": 4, "fp16": 2, "bf16": 2}
-    namespace = {"course": course, "check_batch_prediction": check_batch_prediction, "half": half,
+    namespace = {"course": course, "check_batch_prediction": check_batch_prediction, "half": half, "on_gpu": on_gpu,
                  "budget_bytes": budget_mib * MIB, "bytes_per_value": bytes_per_value,
                  "weight_bytes": {p: params * b for p, b in bytes_per_value.items()},
                  # Both searches already ran: the check cell does not search again.
-                 "found": {"fp32": _search(fp32_largest), half: _search(half_largest, bounded_by)},
+                 "found": {"fp32": _search(fp32_largest, full_run=full_runs),
+                           half: _search(half_largest, bounded_by, full_run=full_runs)},
                  "search_config": SimpleNamespace(batch_size=2, input_size=32), "config": SimpleNamespace(input_size=32),
-                 "search_network": "squeezenet1_0", "network": "squeezenet1_0", "by_precision": {}}
+                 "search_network": "squeezenet1_0", "network": "squeezenet1_0",
+                 "by_precision": {p: SimpleNamespace(throughput=500.0) for p in ("fp32", half)}}
     return notebook.run("02.3", namespace, replace)
+
+
+def test_on_a_gpu_a_largest_batch_without_a_completed_full_run_fails_the_check(notebook):
+    with pytest.raises(CheckpointFailed, match="without a completed full run"):
+        _batch(notebook, GPU, full_runs=False)
 
 
 @pytest.mark.parametrize("scenario", [GPU, CPU], ids=["gpu", "cpu"])
@@ -158,3 +169,104 @@ def test_missing_predictions_fail_with_a_message_not_a_traceback():
         check_batch_prediction(None, 668, 340)
     with pytest.raises(CheckpointFailed, match="found no batch"):
         check_batch_prediction(656.0, None, None)
+
+
+# ------------------------------------------------------------------------------------ the largest batch's full run
+
+
+def _probe_fits_full_run_does_not(config):
+    """A pretend benchmark: 1 MiB of activations per sample and 1.5 MiB of weights; the full run (the one
+    with the reference check, which probes skip) holds 3 MiB more, so it fails at sizes a probe survives."""
+    import torch
+
+    import inference
+
+    extra = 0 if not config.check else 3 * MIB
+    try:
+        held = torch.empty(3 * MIB // 2 + extra + config.batch_size * MIB, dtype=torch.uint8)
+    except torch.OutOfMemoryError as error:
+        raise inference.OutOfMemoryError(config.batch_size, str(error)) from None
+    del held
+    return f"full run at {config.batch_size}" if config.check else "probe"
+
+
+def _search_with_full_runs(budget_mib, **kwargs):
+    from inference import sweep
+    from inference.config import BenchmarkConfig
+
+    config = BenchmarkConfig(network="resnet18", batch_size=2, device="cpu", progress=False)
+    return sweep.find_max_batch_size(config, limit=1024, runner=_probe_fits_full_run_does_not,
+                                     memory_budget_bytes=budget_mib * MIB, **kwargs)
+
+
+def test_the_largest_batch_reported_is_one_whose_full_run_completed():
+    found = _search_with_full_runs(12)  # probes fit up to 10 (1.5 + 10 <= 12), full runs up to 7 (4.5 + 7)
+    assert (found.max_batch_size, found.first_failing) == (7, 8)
+    assert found.result == "full run at 7"
+    assert (10, "full run: out of memory") in found.probes and (7, "full run: completed") in found.probes
+    assert "batch 8 ran out of memory in its full run" in found.describe()
+
+
+def test_the_full_runs_bisect_to_the_search_resolution():
+    found = _search_with_full_runs(100, resolution=1 / 8)  # probes to about 98, full runs to 95
+    assert found.result == f"full run at {found.max_batch_size}"
+    assert 95 - 95 // 8 <= found.max_batch_size <= 95 < found.first_failing
+
+
+def test_a_search_where_no_full_run_completes_reports_no_batch():
+    found = _search_with_full_runs(4)  # probes fit batch 2 (1.5 + 2 <= 4), no full run fits (4.5 > 4)
+    assert found.max_batch_size is None and found.result is None
+    assert "no batch completed its full run" in found.describe()
+
+
+def test_without_full_runs_the_probes_decide():
+    found = _search_with_full_runs(12, benchmark_largest=False)
+    assert (found.max_batch_size, found.result) == (10, None)
+
+
+# ------------------------------------------------------------------------------------ autocast against .half()
+
+
+def _run(precision, median, spread=0.02, peak=None):
+    from tinyllama.timing import summarize
+
+    timing = summarize([median * (1 - spread), median, median * (1 + spread)])
+    return SimpleNamespace(precision=precision, batch_size=64, device="NVIDIA H200", ms_per_batch=median, timing=timing,
+                           throughput=64 / (median * 1e-3), peak_memory_mib=peak,
+                           environment={"tf32_conv": True, "tf32_matmul": False, "backend": "cuda"})
+
+
+def _side_by_side(half_ms, amp_ms, spread=0.02, peaks=(444.6, 560.0), errors=(6.4e-4, 6.0e-4)):
+    from tinyllama.course.precision_checks import autocast_against_half
+
+    return autocast_against_half(_run("fp16", half_ms, spread, peaks[0]), _run("amp", amp_ms, spread, peaks[1]),
+                                 _report("fp16", errors[0]), _report("fp16", errors[1]))
+
+
+def test_autocast_against_half_says_slower_faster_or_within_noise_from_the_spreads():
+    table, sentences = _side_by_side(6.63, 7.60)
+    assert list(table.index) == [".half() (fp16)", "autocast (amp)"]
+    assert table.loc["autocast (amp)", "ms/batch"] == 7.60 and table.loc[".half() (fp16)", "peak MiB"] == 444.6
+    assert sentences[0].startswith("Speed: autocast is 1.15x slower than .half()")
+    assert _side_by_side(7.60, 6.63)[1][0].startswith("Speed: autocast is 1.15x faster than .half()")
+    assert "within noise" in _side_by_side(6.63, 6.80, spread=0.05)[1][0]  # the bands overlap
+
+
+def test_autocast_against_half_reads_memory_and_accuracy_from_the_runs():
+    _, sentences = _side_by_side(6.63, 7.60)
+    assert "autocast holds 26% more" in sentences[1]
+    assert "autocast holds 10% less." in _side_by_side(6.63, 7.60, peaks=(500.0, 450.0))[1][1]
+    assert "both peak at about 500 MiB" in _side_by_side(6.63, 7.60, peaks=(500.0, 502.0))[1][1]
+    assert "not tracked" in _side_by_side(6.63, 7.60, peaks=(None, None))[1][1]
+    assert "autocast is closer, both within the tolerance" in sentences[2]
+    assert ".half() is closer" in _side_by_side(6.63, 7.60, errors=(5e-4, 9e-4))[1][2]
+    assert "not both are within the tolerance" in _side_by_side(6.63, 7.60, errors=(5e-4, 2e-2))[1][2]
+
+
+def test_autocast_against_half_refuses_runs_that_do_not_compare():
+    from tinyllama.course.precision_checks import autocast_against_half
+
+    other = _run("amp", 7.6)
+    other.batch_size = 32
+    with pytest.raises(ValueError, match="same batch"):
+        autocast_against_half(_run("fp16", 6.6), other, _report("fp16", 6e-4), _report("fp16", 6e-4))

@@ -159,3 +159,79 @@ def test_first_conv_reference_passes(notebook, resnet):
 def test_first_conv_mistakes_fail(notebook, resnet, mistake):
     with pytest.raises(CheckpointFailed):
         notebook.run("03.5", dict(resnet), mistake)
+
+
+# ------------------------------------------------------------------------ the profiler's overhead, the verdict
+
+
+def _stats(median, spread=0.05, n=5):
+    from tinyllama.timing import summarize
+
+    return summarize([median * (1 - spread), median * (1 - spread / 2), median, median * (1 + spread / 2),
+                      median * (1 + spread)][:n] if n == 5 else [median] * n)
+
+
+def _evidence(host, device, spread=0.05, applies=True):
+    from inference.launch import HostDevice
+
+    return HostDevice(64, _stats(host, spread), _stats(device, spread), applies)
+
+
+def test_the_profilers_overhead_is_called_slower_only_beyond_the_spreads():
+    # An H200's fp32 ResNet-50 step at batch 64: 4.5 ms to issue without the profiler, 8.9 ms under it.
+    table, sentences = profiler_checks.profiler_overhead(_evidence(4.5, 9.5), _stats(8.9), _stats(9.6))
+    assert list(table.index) == ["without the profiler (timed first)", "under the profiler"]
+    assert "host's time to issue a step is 1.98x" in sentences[0] and "profiler's own cost" in sentences[0]
+    assert "within noise" in sentences[1]  # 9.6 against 9.5 ms, bands overlap
+    _, noisy = profiler_checks.profiler_overhead(_evidence(4.5, 9.5, spread=0.6), _stats(5.0, 0.6), _stats(9.5))
+    assert "within noise" in noisy[0]
+    _, cpu = profiler_checks.profiler_overhead(_evidence(22.0, 22.0, applies=False), _stats(40.0), _stats(40.0))
+    assert len(cpu) == 2 and "On a CPU" in cpu[1] and "device" not in cpu[0]
+
+
+def test_the_host_device_verdict_reads_the_unprofiled_evidence_with_its_spreads():
+    assert profiler_checks.host_device_verdict(_evidence(4.5, 9.5)).startswith("The device is the limit")
+    assert profiler_checks.host_device_verdict(_evidence(3.3, 3.33)).startswith("Launch-bound")
+    assert profiler_checks.host_device_verdict(_evidence(7.6, 9.5, spread=0.2)).startswith("At the threshold")
+    assert profiler_checks.host_device_verdict(_evidence(22.0, 22.0, applies=False)).startswith("On a CPU")
+
+
+def test_the_memory_sentences_follow_the_table():
+    # The H200's channels-last fp16 step: batch norm allocates the most.
+    table = pd.DataFrame({"operator": ["aten::cudnn_batch_norm", "aten::cudnn_convolution", "aten::max_pool2d_with_indices"],
+                          "allocated_mib": [1358.7, 1258.7, 122.5], "allocations": [53, 90, 2],
+                          "largest_mib": [98.0, 98.0, 98.0]})
+    lines = profiler_checks.allocations_summary(table)
+    assert lines[0].startswith("aten::cudnn_batch_norm allocates the most: 1,358.7 MiB in 53 allocations (50%")
+    assert lines[-1].endswith("allocate nothing.")
+    flipped = table.assign(allocated_mib=[100.0, 1258.7, 122.5])
+    assert profiler_checks.allocations_summary(flipped)[0].startswith("aten::cudnn_convolution allocates the most")
+    in_place = pd.concat([table, pd.DataFrame({"operator": ["aten::add_"], "allocated_mib": [1.0], "allocations": [1],
+                                               "largest_mib": [1.0]})], ignore_index=True)
+    assert "aten::add_" in profiler_checks.allocations_summary(in_place)[-1]
+    assert profiler_checks.allocations_summary(table.iloc[:0]) == ["The memory profile recorded no allocations in this step."]
+
+
+def _code_cells():
+    import nbformat
+
+    from tinyllama.course.results import checkout_root
+
+    nb = nbformat.read(checkout_root() / "solutions" / "03_pytorch_profiler.ipynb", as_version=4)
+    return nb, [cell.source for cell in nb.cells if cell.cell_type == "code"]
+
+
+def test_everything_is_timed_before_the_first_profiler_session():
+    _, sources = _code_cells()
+    first_profile = next(i for i, s in enumerate(sources) if "profile_steps(" in s)
+    for marker in ("time_samples(", "host_and_device_ms(", "run_benchmark(", "inference.run("):
+        late = [i for i, s in enumerate(sources) if marker in s and i > first_profile]
+        assert not late, f"{marker} is called after the first profiler session (code cells {late})"
+    assert any("host_and_device_ms(" in s for s in sources[:first_profile])  # notebook 01's function
+    assert any("host_device_verdict(evidence)" in s for s in sources[first_profile:])
+
+
+def test_the_memory_answer_does_not_say_batch_norm_allocates_little():
+    nb, _ = _code_cells()
+    answer = next(cell.source for cell in nb.cells if cell.cell_type == "markdown" and "Read the figure" in cell.source)
+    assert "allocate little" not in answer and "batch norms allocate" in answer

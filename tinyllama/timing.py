@@ -144,3 +144,98 @@ def time_callable(fn: Callable[[], object], device: torch.device | str | None = 
                   repeat: int = 10, min_time_s: float = 0.0) -> Stats:
     """:func:`time_samples` of ``fn()`` (one call a sample), summarised: milliseconds per call."""
     return summarize(time_samples(fn, device, warmup, repeat, min_time_s=min_time_s))
+
+
+@dataclass
+class CallTimes:
+    """One call of a function timed two ways (milliseconds per call).
+
+    ``single``: each call alone, from an idle device (synchronize before and after): what one call
+    costs a caller who waits for it, launch latency included. ``back_to_back``: ``calls`` calls
+    between two device events, per call: what the call costs once the device is kept fed. ``issue``:
+    the host's time to issue those back-to-back calls, per call (no synchronize inside); when it is
+    close to ``back_to_back``, the device waited for the host even there.
+    """
+
+    single: Stats
+    back_to_back: Stats
+    issue: Stats
+    calls: int
+
+
+def time_single_and_back_to_back(fn: Callable[[], object], device: torch.device | str | None = None,
+                                 warmup: int = 3, repeat: int = 10, target_ms: float = 2.0,
+                                 max_calls: int = 200) -> CallTimes:
+    """:class:`CallTimes` of ``fn()``: ``repeat`` single calls, then ``repeat`` samples of back-to-back
+    calls, as many per sample as fill about ``target_ms`` (at most ``max_calls``, which keeps the
+    device's launch queue from filling and blocking the host)."""
+    if repeat < 1 or max_calls < 1 or target_ms <= 0:
+        raise ValueError("repeat and max_calls must be at least 1 and target_ms positive")
+    device = torch.device(device) if device is not None else dev.get_device()
+    single = summarize(time_samples(fn, device, warmup=warmup, repeat=repeat))
+    calls = max(1, min(max_calls, int(target_ms / max(single.median, 1e-6)) + 1))
+    on_gpu = device.type == "cuda"
+    issue: list[float] = []
+    work: list[float] = []
+    for _ in range(repeat):
+        dev.synchronize(device)  # start from an idle device, as the single calls do
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        issued = time.perf_counter()
+        issue.append((issued - began) * 1e3 / calls)
+        if on_gpu:
+            end.record()
+            end.synchronize()
+            work.append(start.elapsed_time(end) / calls)
+        else:
+            work.append(issue[-1])
+    return CallTimes(single, summarize(work), summarize(issue), calls)
+
+
+class StepClock:
+    """A step that times itself: each call starts from an idle device and records the host's time to
+    issue ``fn()`` (a clock around the call, no synchronize inside) and the device's time to finish it
+    (device events; on a CPU the two are the same), in milliseconds. It times a step that another
+    caller drives, such as a profiler's loop, the way :func:`time_single_and_back_to_back` times a single
+    call.
+
+    >>> clock = StepClock(lambda: torch.ones(4).sum(), torch.device("cpu"))
+    >>> _ = clock(); _ = clock()
+    >>> clock.host_ms().n
+    2
+    """
+
+    def __init__(self, fn: Callable[[], object], device: torch.device | str | None = None) -> None:
+        self.fn = fn
+        self.device = torch.device(device) if device is not None else dev.get_device()
+        self.host: list[float] = []
+        self.work: list[float] = []
+
+    def __call__(self) -> object:
+        dev.synchronize(self.device)
+        on_gpu = self.device.type == "cuda"
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        began = time.perf_counter()
+        out = self.fn()
+        self.host.append((time.perf_counter() - began) * 1e3)
+        if on_gpu:
+            end.record()
+            end.synchronize()
+            self.work.append(start.elapsed_time(end))
+        else:
+            self.work.append(self.host[-1])
+        return out
+
+    def host_ms(self, last: int | None = None) -> Stats:
+        """The host's time to issue a call, over the ``last`` calls (default: all)."""
+        return summarize(self.host[-last:] if last else self.host)
+
+    def device_ms(self, last: int | None = None) -> Stats:
+        """The device's time from a call's first launch to its last kernel's end, over the ``last`` calls."""
+        return summarize(self.work[-last:] if last else self.work)

@@ -6,7 +6,9 @@
 - :func:`check_unit_roundoff`: a formula for the largest relative rounding error from the mantissa
   bits, against those measurements;
 - :func:`check_error_ratio`: a predicted ratio of two formats' errors on a network, against the measured one;
-- :func:`check_batch_prediction`: a predicted largest 16-bit batch, against the memory-budgeted search.
+- :func:`check_batch_prediction`: a predicted largest 16-bit batch, against the memory-budgeted search;
+- :func:`autocast_against_half`: autocast and ``.half()`` side by side (speed, memory, accuracy), with
+  sentences printed from the two runs' spreads.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import pandas as pd
 import torch
 
-from inference.precision import MANTISSA_BITS, round_to_mantissa
+from inference.benchmark import BenchmarkResult
+from inference.precision import MANTISSA_BITS, AccuracyReport, ran_as, round_to_mantissa
 from tinyllama.course.checkpoints import checkpoint
+from tinyllama.course.generation_checks import verdict
+
+# Peak memories within this share of each other are the same (the allocator rounds its blocks).
+SAME_MEMORY = 0.01
 
 
 def measured_rounding_error(fmt: str, samples: int = 1 << 20, seed: int = 0) -> float:
@@ -98,3 +106,46 @@ def check_batch_prediction(predicted: float | None, measured: int | None, fp32_l
                           "memory = weights + batch x activations per sample holds",
                       f"predicted largest 16-bit batch {predicted:.0f}, found {measured} ({ratio:.2f}x, outside "
                       f"{low:g}..{high:g}).{hint}")
+
+
+def autocast_against_half(half: BenchmarkResult, amp: BenchmarkResult, half_report: AccuracyReport,
+                          amp_report: AccuracyReport) -> tuple[pd.DataFrame, list[str]]:
+    """``.half()`` (``half``: the network and its input stored in 16 bits) against autocast (``amp``:
+    fp32 weights and input, 16-bit operations), timed in one process, with their accuracy against true
+    fp32 on the same weights and inputs (``*_report``). Returns the side-by-side table and sentences:
+    the speed verdict from the two runs' p10-p90 bands (faster, slower or within noise), the memory,
+    the accuracy."""
+    if half.batch_size != amp.batch_size or half.device != amp.device:
+        raise ValueError("compare runs of the same batch on the same device")
+    rows = {}
+    for label, run, report in ((f".half() ({half.precision})", half, half_report), ("autocast (amp)", amp, amp_report)):
+        rows[label] = {"computes in": ran_as(run.precision, run.environment), "ms/batch": run.ms_per_batch,
+                       "p10 ms": run.timing.p10, "p90 ms": run.timing.p90, "samples/s": run.throughput,
+                       "peak MiB": run.peak_memory_mib, "max rel diff vs true fp32": report.max_rel_diff}
+    table = pd.DataFrame(rows).T
+    ratio, speed = verdict(half.timing, amp.timing)  # half's median / amp's: above 1, autocast is faster
+    band = (f"(.half() {half.timing.p10:.3g}-{half.timing.p90:.3g} ms, autocast {amp.timing.p10:.3g}-"
+            f"{amp.timing.p90:.3g} ms per batch, p10-p90)")
+    if speed == "within noise":
+        sentences = [f"Speed: autocast and .half() are within noise of each other {band}: their p10-p90 bands overlap."]
+    else:
+        factor = ratio if speed == "faster" else 1 / ratio
+        sentences = [f"Speed: autocast is {factor:.2f}x {speed} than .half() {band}: the bands do not overlap."]
+    if half.peak_memory_mib is not None and amp.peak_memory_mib is not None:
+        extra = amp.peak_memory_mib / half.peak_memory_mib - 1
+        if abs(extra) <= SAME_MEMORY:
+            sentences.append(f"Memory: both peak at about {half.peak_memory_mib:,.0f} MiB.")
+        else:
+            sentences.append(f"Memory: autocast peaks at {amp.peak_memory_mib:,.0f} MiB, .half() at "
+                             f"{half.peak_memory_mib:,.0f} MiB: autocast holds {abs(extra):.0%} "
+                             + ("more (it keeps the fp32 weights and input, and casts 16-bit copies of the weights "
+                                "on every forward)." if extra > 0 else "less."))
+    else:
+        sentences.append("Memory: not tracked on this device (PyTorch keeps no memory statistics on a CPU).")
+    closer = "autocast" if amp_report.max_rel_diff < half_report.max_rel_diff else ".half()"
+    sentences.append(f"Accuracy against true fp32: .half() {half_report.max_rel_diff:.3g}, autocast "
+                     f"{amp_report.max_rel_diff:.3g} (largest difference relative to the largest output); "
+                     + ("both are equally close." if amp_report.max_rel_diff == half_report.max_rel_diff else
+                        f"{closer} is closer, both within the tolerance." if half_report.passed and amp_report.passed
+                        else f"{closer} is closer; not both are within the tolerance."))
+    return table, sentences

@@ -8,6 +8,11 @@ that names the likely mistake:
 - :func:`check_conversion_share`: the layout-conversion kernels' share of a kernel table;
 - :func:`check_amdahl`: the speed-up that removing a fraction of the time gives;
 - :func:`check_activation_mib`: the size of the first convolution's output.
+
+And the readings the notebook prints from its measurements: :func:`profiler_overhead` (the same step
+with and without the profiler), :func:`host_device_verdict` (host against device, from the unprofiled
+timing of :func:`inference.launch.host_and_device_ms`, the function notebook 01 uses) and
+:func:`allocations_summary` (which operators allocate, from the memory profile).
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ import math
 import numpy as np
 import pandas as pd
 
+from inference.launch import LAUNCH_BOUND_RATIO, HostDevice
 from tinyllama.course.checkpoints import check_close, check_equal, checkpoint
+from tinyllama.course.generation_checks import verdict
 from tinyllama.profiling.timeline import layout_conversion_share
+from tinyllama.timing import Stats
 
 
 def conv_share_reference(ops: pd.DataFrame, self_column: str) -> float:
@@ -121,3 +129,82 @@ def check_activation_mib(first_conv_mib: float, sizes: pd.DataFrame) -> bool:
                 f"the output is {tuple(first['shape'])} in {first['dtype']}")
     return check_close(f"the first convolution's output ({first['module']}) in MiB", float(first_conv_mib), expected,
                        rel_tol=1e-3, hint=hint)
+
+
+def _band(numerator: Stats, denominator: Stats) -> tuple[float, float, float]:
+    """The ratio of two medians and its band from the p10-p90 ranges: (low, ratio, high)."""
+    return (numerator.p10 / denominator.p90, numerator.median / denominator.median, numerator.p90 / denominator.p10)
+
+
+def profiler_overhead(unprofiled: HostDevice, profiled_host: Stats, profiled_device: Stats) -> tuple[pd.DataFrame, list[str]]:
+    """The same step without the profiler (``unprofiled``, timed first in the process) and under it
+    (``profiled_*``, the active steps of the profile): a table of both, and a sentence per side (host,
+    device) that says "slower" only where the two p10-p90 bands are apart."""
+    table = pd.DataFrame({
+        "host ms to issue (median)": [unprofiled.host_ms.median, profiled_host.median],
+        "host p10-p90": [f"{unprofiled.host_ms.p10:.3g}-{unprofiled.host_ms.p90:.3g}",
+                         f"{profiled_host.p10:.3g}-{profiled_host.p90:.3g}"],
+        "device ms (median)": [unprofiled.device_ms.median, profiled_device.median],
+        "device p10-p90": [f"{unprofiled.device_ms.p10:.3g}-{unprofiled.device_ms.p90:.3g}",
+                           f"{profiled_device.p10:.3g}-{profiled_device.p90:.3g}"],
+        "steps": [unprofiled.host_ms.n, profiled_host.n],
+    }, index=pd.Index(["without the profiler (timed first)", "under the profiler"], name="step"))
+    sentences = []
+    sides = [("the host's time to issue a step", unprofiled.host_ms, profiled_host)]
+    if unprofiled.applies:
+        sides.append(("the device's time per step", unprofiled.device_ms, profiled_device))
+    for side, before, after in sides:
+        low, ratio, high = _band(after, before)
+        _, reading = verdict(before, after)  # "slower": the profiled band lies above the unprofiled one
+        if reading == "slower":
+            sentences.append(f"Under the profiler {side} is {ratio:.2f}x its unprofiled value (band {low:.2f}-"
+                             f"{high:.2f}x): that much is the profiler's own cost.")
+        elif reading == "faster":
+            sentences.append(f"Under the profiler {side} is {ratio:.2f}x its unprofiled value (band {low:.2f}-"
+                             f"{high:.2f}x), shorter: the device or the host was disturbed during one of the runs.")
+        else:
+            sentences.append(f"Under the profiler {side} is {ratio:.2f}x its unprofiled value (band {low:.2f}-"
+                             f"{high:.2f}x): within noise.")
+    if not unprofiled.applies:
+        sentences.append("On a CPU the host computes the step, so its time to issue the step is the whole step.")
+    return table, sentences
+
+
+def host_device_verdict(evidence: HostDevice) -> str:
+    """Whether the device waits for the host, from unprofiled host and device times of one step
+    (:func:`inference.launch.host_and_device_ms`): launch-bound when the host's time is at least
+    ``LAUNCH_BOUND_RATIO`` of the device's across the spreads, the device the limit when it is below it
+    across the spreads, and "at the threshold" when the bands straddle it."""
+    if not evidence.applies:
+        return (f"On a CPU the host computes what it issues (host {evidence.host_ms.median:.3g} ms = the whole step): "
+                "there is no device to wait for the host, and the test does not apply.")
+    low, ratio, high = _band(evidence.host_ms, evidence.device_ms)
+    figures = (f"without a profiler the host needs {evidence.host_ms.median:.3g} ms to issue a step, the device "
+               f"{evidence.device_ms.median:.3g} ms to run it: host/device {ratio:.2f} (band {low:.2f}-{high:.2f})")
+    if low >= LAUNCH_BOUND_RATIO:
+        return f"Launch-bound: {figures}, at or above {LAUNCH_BOUND_RATIO:g}: the device waits for the host's launches."
+    if high < LAUNCH_BOUND_RATIO:
+        return f"The device is the limit: {figures}, below {LAUNCH_BOUND_RATIO:g}: the host runs ahead and queues work."
+    return (f"At the threshold: {figures}, which straddles {LAUNCH_BOUND_RATIO:g}: the host takes nearly as long as "
+            "the device, and a small change on either side (a faster kernel, a slower host) makes the step "
+            "launch-bound.")
+
+
+def allocations_summary(by_operator: pd.DataFrame) -> list[str]:
+    """Sentences from ``timeline.allocations_by_operator`` (columns ``operator``, ``allocated_mib``,
+    ``allocations``, ``largest_mib``): which operator allocates the most, each allocating operator's
+    share, and whether any in-place operator (a name ending in ``_``) allocated."""
+    if by_operator.empty:
+        return ["The memory profile recorded no allocations in this step."]
+    ranked = by_operator.sort_values("allocated_mib", ascending=False)
+    total = float(ranked["allocated_mib"].sum())
+    top = ranked.iloc[0]
+    out = [f"{top['operator']} allocates the most: {top['allocated_mib']:,.1f} MiB in {int(top['allocations'])} "
+           f"allocations ({100 * top['allocated_mib'] / total:.0f}% of the {total:,.1f} MiB allocated in the step)."]
+    for _, row in ranked.iloc[1:].iterrows():
+        out.append(f"{row['operator']}: {row['allocated_mib']:,.1f} MiB in {int(row['allocations'])} allocations "
+                   f"({100 * row['allocated_mib'] / total:.0f}%), the largest {row['largest_mib']:,.1f} MiB.")
+    in_place = [name for name in ranked["operator"] if str(name).endswith("_")]
+    out.append("In-place operators (a name ending in _) among them: " + (", ".join(in_place) if in_place else
+               "none: the ReLUs and the residual additions write into their input and allocate nothing."))
+    return out
