@@ -149,8 +149,8 @@ def check_like_with_like(torch_side: pd.DataFrame, launches: pd.DataFrame, selec
 
 # What would make a kernel faster: the participant names one of these for each kernel.
 REMEDY_CHOICES: dict[str, str] = {
-    "fuse": "remove a pass over memory: fuse the kernel with its neighbour or fold it away (batch norm folded "
-            "into the convolution's weights: `python -m inference --freeze`, measured in notebook 06)",
+    "fuse": "remove a pass over memory: fuse the kernel with its neighbour, or fold it away (a batch norm folds "
+            "into the convolution before it: `python -m inference --freeze`, measured in notebook 06)",
     "tensor_cores": "faster arithmetic: tensor cores, a lower precision",
     "more_work_in_flight": "more work in flight: more blocks or warps per SM (occupancy), more work per launch",
 }

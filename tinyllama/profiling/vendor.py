@@ -553,14 +553,16 @@ def _ncu_wide(header: list[str], rows: list[list[str]]) -> pd.DataFrame:
     data = pd.DataFrame(rows[1:] if units_row else rows, columns=header)
     units = dict(zip(header, units_row)) if units_row else {}
     out = data[[c for c in _NCU_IDENTITY if c in data.columns]].rename(columns=_NCU_IDENTITY)
+    metrics: dict[str, pd.Series] = {}  # joined at once: a raw page has hundreds of columns
     for column in header:
         if column in _NCU_IDENTITY or column in _NCU_CONTEXT:
             continue
         factor, base = _unit_factor(units.get(column, ""))
         values = _numbers(data[column])
         if values.notna().any():
-            out[column] = values * factor
+            metrics[column] = values * factor
             units[column] = base
+    out = pd.concat([out, pd.DataFrame(metrics, index=data.index)], axis=1)
     out["id"] = out["id"].astype(int)
     out.attrs["units"] = {k: v for k, v in units.items() if k in out.columns}
     return out.sort_values("id").reset_index(drop=True)
