@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from inference.recorded import benchmarks_dir
-from tinyllama.course.generation_checks import verdict
+from tinyllama.timing import verdict
 from tinyllama.timing import Stats
 
 NETWORKS = ("resnet18", "resnet50", "resnet152", "vit_b_16")

@@ -115,6 +115,17 @@ class PhaseTimer:
         return out
 
 
+def verdict(before: Stats, after: Stats) -> tuple[float, str]:
+    """The one comparison of two timed runs: ``before.median / after.median``, and ``"faster"`` when
+    after's whole p10-p90 band lies below before's, ``"slower"`` when above, else ``"within noise"``."""
+    ratio = before.median / after.median
+    if after.p90 < before.p10:
+        return ratio, "faster"
+    if after.p10 > before.p90:
+        return ratio, "slower"
+    return ratio, "within noise"
+
+
 def time_samples(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
                  repeat: int = 10, inner: int = 1, min_time_s: float = 0.0) -> list[float]:
     """Milliseconds per call of ``fn()`` on ``device``, one sample per timed repetition of ``inner``

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tinyllama.config import ModelConfig, get_preset
 from tinyllama.course.checkpoints import checkpoint
 from tinyllama.generation import CachedDecoder, KVCache, check_generation, decode_bytes, decode_flops
-from tinyllama.timing import Stats
+from tinyllama.timing import Stats, verdict  # noqa: F401  (verdict: re-exported for notebook 22)
 
 # A model whose every dimension differs from the others, so each slip gives its own number:
 # 3 layers, 6 query heads sharing 2 key/value heads (groups of 3), head_dim 16, a vocabulary larger than
@@ -316,12 +316,3 @@ def count_ops(fn: Callable[[], Any]) -> Counter[str]:
     return counter.ops
 
 
-def verdict(before: Stats, after: Stats) -> tuple[float, str]:
-    """``before.median / after.median`` and ``"faster"`` when after's whole p10-p90 band lies below
-    before's, ``"slower"`` when above, else ``"within noise"``."""
-    ratio = before.median / after.median
-    if after.p90 < before.p10:
-        return ratio, "faster"
-    if after.p10 > before.p90:
-        return ratio, "slower"
-    return ratio, "within noise"

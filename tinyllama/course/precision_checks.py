@@ -22,7 +22,7 @@ import torch
 from inference.benchmark import BenchmarkResult
 from inference.precision import MANTISSA_BITS, AccuracyReport, ran_as, round_to_mantissa
 from tinyllama.course.checkpoints import checkpoint
-from tinyllama.course.generation_checks import verdict
+from tinyllama.timing import verdict
 
 # Peak memories within this share of each other are the same (the allocator rounds its blocks).
 SAME_MEMORY = 0.01

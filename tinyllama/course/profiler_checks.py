@@ -24,7 +24,7 @@ import pandas as pd
 
 from inference.launch import LAUNCH_BOUND_RATIO, HostDevice
 from tinyllama.course.checkpoints import check_close, check_equal, checkpoint
-from tinyllama.course.generation_checks import verdict
+from tinyllama.timing import verdict
 from tinyllama.profiling.timeline import layout_conversion_share
 from tinyllama.timing import Stats
 
