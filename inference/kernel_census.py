@@ -221,7 +221,7 @@ def _profile_one(config: BenchmarkConfig, steps: int) -> dict[str, Any]:
     from inference import distributed, networks
     from inference.benchmark import _cudnn_benchmark, _Run
     from tinyllama import device as dev
-    from tinyllama.profiling.torch_profiler import is_device_event, profile_steps, row_kind
+    from tinyllama.profiling.torch_profiler import has_operator_ancestor, is_device_event, profile_steps, row_kind
     from tinyllama.timing import PhaseTimer
 
     # On a CPU Inductor's generated C++ kernels run unseen unless each is wrapped in a profiler range.
@@ -244,7 +244,7 @@ def _profile_one(config: BenchmarkConfig, steps: int) -> dict[str, Any]:
             for event in profiled.profiler.events():
                 if is_device_event(event):
                     continue
-                top_operator = row_kind(event.name) == "operator" and not _inside_operator(event, row_kind)
+                top_operator = row_kind(event.name) == "operator" and not has_operator_ancestor(event)
                 if top_operator or is_fused_kernel(event.name):
                     entry = totals.setdefault(event.name, [0, 0.0])
                     entry[0] += 1
@@ -258,15 +258,6 @@ def _profile_one(config: BenchmarkConfig, steps: int) -> dict[str, Any]:
         del run
         dev.free_memory(device)
         torch._dynamo.reset()
-
-
-def _inside_operator(event: Any, row_kind: Any) -> bool:
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        if row_kind(parent.name) == "operator":
-            return True
-        parent = getattr(parent, "cpu_parent", None)
-    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

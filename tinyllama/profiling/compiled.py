@@ -29,7 +29,8 @@ import pandas as pd
 import torch
 
 from tinyllama import device as dev
-from tinyllama.profiling.torch_profiler import ProfileRun, is_device_event, is_fused_kernel, row_kind
+from tinyllama.profiling.torch_profiler import (ProfileRun, has_operator_ancestor, is_device_event, is_fused_kernel,
+                                               row_kind)
 
 # Inductor's kernel name prefixes and what kind of kernel each is.
 KERNEL_KINDS: tuple[tuple[str, str], ...] = (
@@ -225,15 +226,6 @@ def fate(before: float, after: float) -> str:
     return "fewer" if after < before else "more"
 
 
-def _has_operator_ancestor(event: Any) -> bool:
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        if row_kind(parent.name) == "operator":
-            return True
-        parent = getattr(parent, "cpu_parent", None)
-    return False
-
-
 def launches_per_step(run: ProfileRun) -> float:
     """Work items per step. On a GPU: the device's kernels, copies and memsets (each one launch). On a
     CPU, where nothing is launched: the host's top-level ATen operator calls (each would launch at
@@ -244,7 +236,7 @@ def launches_per_step(run: ProfileRun) -> float:
     for event in run.profiler.events():
         if is_device_event(event):
             continue
-        if is_fused_kernel(event.name) or (row_kind(event.name) == "operator" and not _has_operator_ancestor(event)):
+        if is_fused_kernel(event.name) or (row_kind(event.name) == "operator" and not has_operator_ancestor(event)):
             count += 1
     return count / run.steps
 

@@ -115,6 +115,17 @@ def row_kind(name: str, is_annotation: bool = False) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def has_operator_ancestor(event: Any) -> bool:
+    """True when a profiler event runs inside an ATen operator (its CPU parents include one): counting only
+    events without such an ancestor counts each top-level operator call once."""
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        if row_kind(parent.name) == "operator":
+            return True
+        parent = getattr(parent, "cpu_parent", None)
+    return False
+
+
 def activities(device: torch.device) -> list[ProfilerActivity]:
     """What the profiler records on ``device``: the host, and the GPU's kernels where there is one
     (the CUDA activity records HIP kernels on ROCm builds)."""
