@@ -8,7 +8,7 @@ other; the same per-GPU batch: the preset's batch on every GPU, bf16, V2 with SD
 efficiency of each 2-GPU run is taken against the 1-GPU run of the same strategy
 (``tinyllama.distributed.scaling_table``). Every rank's record is appended to ``distributed.json``; ``distributed_summary.json`` and
 ``distributed.md`` hold the table of runs (tokens/s, slowest step, peak memory per GPU, communication
-per step, scaling efficiency). Copy ``distributed.json`` to ``benchmarks/DATE_2xGPU_distributed.json`` (``DATE_1xGPU_...`` for a one-GPU node):
+per step, scaling efficiency). Append ``distributed.json`` as a run (``tinyllama.records.run_record``, ``gpus`` the GPU count) to the record ``tinyllama/course/data/distributed.json``:
 notebook 21 shows the latest such file beside its own run. With one GPU only the 1-GPU runs happen.
 """
 

@@ -1,5 +1,6 @@
 """torch.compile across model sizes on one GPU: ResNet-18, -50, -152 and ViT-B/16, each eager, compiled and
-compiled with Inductor's freezing, fp16 channels-last, at batch 64 and 256. Notebook 06 reads the file.
+compiled with Inductor's freezing, fp16 channels-last, at batch 64 and 256. Notebook 06 reads the newest run of
+the record ``inference/data/inference_models.json``; append the file there as a run (``tinyllama.records.run_record``).
 
     python gpu/inference_models_gpu.py --out $OUT/2026-11-26_h200_inference_models.json     # about 7 min, H200
     python gpu/inference_models_gpu.py --smoke --out tests/data/inference_models_cpu_smoke.json   # CPU, ~2 min

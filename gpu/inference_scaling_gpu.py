@@ -16,9 +16,9 @@ that launch only; it is listed under ``failures``.
 
 Writes ``inference_scaling.json`` (one object: device, date, software, commit, settings, every rank's record of
 every run, the all-reduce sweeps, failures) and ``inference_scaling.md`` (the efficiency table) to ``--out``.
-Copy the JSON to ``benchmarks/DATE_<K>x<gpu>_inference_scaling.json`` (e.g. ``2026-11-26_2xh200_...``): notebook
-05 reads the newest such file. A ``--smoke`` record is marked ``"smoke": true`` and the notebook refuses it
-from ``benchmarks/``.
+Append the JSON as a run (``tinyllama.records.run_record``) to the record ``inference/data/inference_scaling.json``:
+notebook 05 reads the newest study there. A ``--smoke`` record is marked ``"smoke": true`` and the notebook
+refuses it there.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ COMPILE_KEYS = ("mode", "options", "fullgraph", "dynamic", "backend", "disable")
 # - cuda_graphs: the compiled step is recorded once as a CUDA graph and replayed (one launch a step);
 # - max_autotune: Inductor times alternative kernels for its matrix products and generated kernels, but
 #   convolutions stay cuDNN/MIOpen calls (Inductor's Triton convolution templates compile for minutes per
-#   shape and lost to cuDNN on six of seven ResNet shapes on an H200, benchmarks/NOTES.md).
+#   shape and lost to cuDNN on six of seven ResNet shapes on an H200, benchmarks/history/inference.md).
 WITHOUT_CONV_TEMPLATES = {"max_autotune_conv_backends": "ATEN"}
 LEVERS = {
     "freeze": {"freezing": True},

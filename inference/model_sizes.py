@@ -4,8 +4,9 @@
 sizes, each network eager, compiled (default) and compiled with Inductor's freezing, one process per
 GPU, every run checked against fp32 eager before it is timed, and writes one JSON file: the device,
 date, commit and software, and the records ``python -m inference --json`` writes (one per run, with a
-``configuration`` label). :func:`load_model_sizes` reads the newest such file from the course's
-``benchmarks/`` (or a given path) and labels it with who measured it, where and when: these are another
+``configuration`` label), and appends it as a run to the record ``inference/data/inference_models.json``
+(package data). :func:`load_model_sizes` reads that record's newest run (or a given file) and labels it
+with who measured it, where and when: these are another
 machine's numbers. :func:`size_table` puts any such records side by side, recorded or measured now
 (:meth:`BenchmarkResult.as_record <inference.benchmark.BenchmarkResult.as_record>` gives the same dicts).
 """
@@ -20,13 +21,14 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from inference.recorded import benchmarks_dir
+from inference.recorded import record_path
+from tinyllama.records import packaged_record
 from tinyllama.timing import verdict
 from tinyllama.timing import Stats
 
 NETWORKS = ("resnet18", "resnet50", "resnet152", "vit_b_16")
 CONFIGURATIONS = ("eager", "compile", "compile + freeze")
-RECORD_SUFFIX = "_inference_models.json"  # benchmarks/<date>_<device>_inference_models.json
+TOPIC = "inference_models"  # the shipped record: inference/data/inference_models.json
 
 
 @dataclass(frozen=True)
@@ -48,17 +50,18 @@ class RecordedSizes:
 
 
 def load_model_sizes(path: str | os.PathLike[str] | None = None) -> RecordedSizes:
-    """Read a file written by ``gpu/inference_models_gpu.py`` (default: the newest
-    ``benchmarks/*_inference_models.json``). Raises ``FileNotFoundError`` when there is none and
+    """Read a file written by ``gpu/inference_models_gpu.py`` (default: the newest run of the shipped
+    record ``inference/data/inference_models.json``). Raises ``FileNotFoundError`` when there is none and
     ``ValueError`` naming what is missing from a file that is not such a record."""
     if path is None:
-        found = sorted(benchmarks_dir().glob(f"*{RECORD_SUFFIX}"))
-        if not found:
-            raise FileNotFoundError(f"no recorded model-size run (benchmarks/*{RECORD_SUFFIX}): "
-                                    "gpu/inference_models_gpu.py writes one on a GPU")
-        path = found[-1]
-    path = Path(path)
-    data = json.loads(path.read_text())
+        runs = packaged_record("inference", TOPIC)
+        if not runs:
+            raise FileNotFoundError(f"no recorded model-size run (inference/data/{TOPIC}.json is empty): "
+                                    "gpu/inference_models_gpu.py appends one on a GPU")
+        path, data = record_path(TOPIC), runs[-1]["data"]
+    else:
+        path = Path(path)
+        data = json.loads(path.read_text())
     missing = [key for key in ("device", "date", "commit", "torch", "records") if key not in data]
     if missing:
         raise ValueError(f"{path}: not a model-size record (no {', '.join(missing)})")

@@ -1,10 +1,12 @@
-"""Benchmark runs recorded with the course (``benchmarks/`` of the checkout), read back as they were recorded.
+"""Benchmark runs recorded with the course, read back as they were recorded.
 
 Some figures a participant's machine cannot produce: a hub usually gives one GPU, so notebook 05 shows
 the two-GPU run recorded on a node with two (``--json`` of ``torchrun ... -m inference``: one record per
-rank). :func:`load_scaling_record` reads such a file, checks that it is one complete run, and returns its
+rank). :func:`load_scaling_record` reads such a run, checks that it is one complete run, and returns its
 figures labelled with the device, the date and the software they were measured with. Nothing is
-re-measured: these are another machine's numbers, to be read as such.
+re-measured: these are another machine's numbers, to be read as such. The runs ship with the package
+(``inference/data/inference_scaling.json``, a record of runs as ``tinyllama.records`` writes it), so a
+course installed without its checkout has them.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from tinyllama.course.results import checkout_root
+from tinyllama.records import load_json, packaged_record
 
-# The two-GPU torchrun run of ResNet-50 inference (2 x H200, 2026-11-22), shown by notebook 05.
+# The topic record of the scaling runs (package data of ``inference``); gpu/inference_scaling_gpu.py appends to it.
+SCALING_TOPIC = "inference_scaling"
+# The two-GPU torchrun run of ResNet-50 inference (2 x H200, 2026-11-22), shown by notebook 05: its run's source.
 TWO_GPU_RECORD = "2026-11-22_2xh200_inference_torchrun.json"
 
 
@@ -66,21 +70,29 @@ class RecordedScaling:
                 f"{self.iterations} timed iterations")
 
 
-def benchmarks_dir() -> Path:
-    """The checkout's ``benchmarks/`` folder (a course installed without its checkout has none)."""
-    root = checkout_root()
-    if root is None or not (root / "benchmarks").is_dir():
-        raise FileNotFoundError("the course's recorded benchmarks are not here: they live in benchmarks/ of the course "
-                                "checkout; install the course from its checkout (bash course.sh kernel) to read them")
-    return root / "benchmarks"
+def record_path(topic: str = SCALING_TOPIC) -> Path:
+    """Where the shipped record of ``topic`` lies (``inference/data/<topic>.json``)."""
+    return Path(__file__).parent / "data" / f"{topic}.json"
+
+
+def recorded_run(source: str, topic: str = SCALING_TOPIC) -> dict:
+    """The run of the shipped ``topic`` record that came from ``source`` (its original file name); the newest
+    if several did. ``FileNotFoundError`` when the record holds none."""
+    runs = [run for run in packaged_record("inference", topic) if run.get("source") == source]
+    if not runs:
+        raise FileNotFoundError(f"the course's {topic} record holds no run from {source}")
+    return runs[-1]
 
 
 def load_scaling_record(path: str | os.PathLike[str] | None = None) -> RecordedScaling:
-    """Read a ``--json`` file of one multi-process run (default :data:`TWO_GPU_RECORD` in
-    :func:`benchmarks_dir`): every rank's record, all of the same run. Raises ``ValueError`` naming what is
+    """Read a ``--json`` file of one multi-process run (default: the run :data:`TWO_GPU_RECORD` of the shipped
+    scaling record): every rank's record, all of the same run. Raises ``ValueError`` naming what is
     wrong when the file holds no run, several runs, or misses a rank."""
-    path = Path(path) if path is not None else benchmarks_dir() / TWO_GPU_RECORD
-    records = json.loads(path.read_text())
+    if path is None:
+        path, records = record_path(), recorded_run(TWO_GPU_RECORD)["data"]
+    else:
+        path = Path(path)
+        records = json.loads(path.read_text())
     if isinstance(records, dict):
         records = [records]
     if not records:
@@ -115,8 +127,6 @@ def load_scaling_record(path: str | os.PathLike[str] | None = None) -> RecordedS
 # (gpu/inference_scaling_gpu.py), one JSON object per file.
 # ---------------------------------------------------------------------------------------------
 
-# The newest file of this pattern in benchmarks/ is the study notebook 05 shows.
-SCALING_STUDY_PATTERN = "*_inference_scaling.json"
 _RUN_KEYS = ("network", "mode", "world_size", "rank", "local_batch_size", "batch_size", "median_ms", "spread_pct",
              "throughput", "global_throughput", "params", "straggler_ms", "straggler_rank")
 
@@ -202,8 +212,15 @@ def load_scaling_study(path: str | os.PathLike[str]) -> ScalingStudy:
     """Read a study written by ``gpu/inference_scaling_gpu.py``; ``ValueError`` naming what is wrong when it is
     not one, or when a run misses a rank."""
     path = Path(path)
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict) or data.get("study") != "inference_scaling":
+    return _study(json.loads(path.read_text()), path)
+
+
+def _is_study(data: object) -> bool:
+    return isinstance(data, dict) and data.get("study") == "inference_scaling"
+
+
+def _study(data: object, path: Path) -> ScalingStudy:
+    if not _is_study(data):
         raise ValueError(f"{path}: not a scaling study of gpu/inference_scaling_gpu.py")
     runs = pd.DataFrame([{key: r.get(key) for key in (*_RUN_KEYS, "launch")} for r in data.get("runs", [])])
     if runs.empty:
@@ -221,15 +238,16 @@ def load_scaling_study(path: str | os.PathLike[str]) -> ScalingStudy:
                         allreduce=pd.DataFrame(data.get("allreduce") or []), failures=list(data.get("failures") or []))
 
 
-def latest_scaling_study(folder: str | os.PathLike[str] | None = None) -> ScalingStudy | None:
-    """The newest study in ``folder`` (default :func:`benchmarks_dir`) by file name (dated), ``None`` when there
-    is none. A smoke run (CPU processes) is refused there: it is no GPU run."""
-    folder = Path(folder) if folder is not None else benchmarks_dir()
-    paths = sorted(folder.glob(SCALING_STUDY_PATTERN))
-    if not paths:
+def latest_scaling_study(record: str | os.PathLike[str] | None = None) -> ScalingStudy | None:
+    """The newest study among the runs of a scaling record (default: the shipped one, :func:`record_path`),
+    ``None`` when it holds none. A smoke run (CPU processes) is refused there: it is no GPU run."""
+    path = Path(record) if record is not None else record_path()
+    runs = load_json(path) if record is not None else packaged_record("inference", SCALING_TOPIC)
+    studies = [run for run in runs if _is_study(run.get("data"))]
+    if not studies:
         return None
-    study = load_scaling_study(paths[-1])
+    study = _study(studies[-1]["data"], path)
     if study.smoke:
-        raise ValueError(f"{paths[-1]} is a smoke run of CPU processes: it does not belong among the recorded GPU "
-                         "runs; remove it from benchmarks/")
+        raise ValueError(f"{path}: its newest study ({studies[-1].get('source')}) is a smoke run of CPU processes: "
+                         "it does not belong among the recorded GPU runs; remove that run from the record")
     return study

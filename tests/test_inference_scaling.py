@@ -29,6 +29,7 @@ from inference.benchmark import run_benchmark
 from inference.cli import build_parser, config_from_args
 from inference.config import BenchmarkConfig, ConfigError
 from tinyllama import allreduce, process_group
+from tinyllama.records import append_json, packaged_record, run_record
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,10 +288,19 @@ def test_the_straggler_table_pairs_each_rank_with_and_without(study):
 
 
 def test_a_smoke_study_is_refused_among_the_recorded_gpu_runs(tmp_path):
-    assert rec.latest_scaling_study(tmp_path) is None
-    (tmp_path / "2026-11-26_2xcpu_inference_scaling.json").write_text(SMOKE.read_text())
+    record = tmp_path / "inference_scaling.json"
+    torchrun = run_record([{"rank": 0}], device="NVIDIA H200", source="torchrun.json")  # a run that is no study
+    append_json(record, [torchrun])
+    assert rec.latest_scaling_study(record) is None
+    append_json(record, [run_record(json.loads(SMOKE.read_text()), device="CPU", gpus=2, source="smoke.json")])
     with pytest.raises(ValueError, match="smoke run of CPU processes"):
-        rec.latest_scaling_study(tmp_path)
+        rec.latest_scaling_study(record)
+
+
+def test_the_newest_study_of_a_record_is_read():
+    study = rec.latest_scaling_study()
+    runs = [run for run in packaged_record("inference", rec.SCALING_TOPIC) if isinstance(run["data"], dict)]
+    assert study is not None and study.date == runs[-1]["data"]["date"] and len(study.runs) == len(runs[-1]["data"]["runs"])
 
 
 def test_a_study_missing_a_rank_or_of_another_kind_is_refused(tmp_path):

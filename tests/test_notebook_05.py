@@ -44,7 +44,7 @@ def test_the_exercises_and_their_order(notebook):
 
 
 def test_the_recorded_run_is_read_as_recorded(recorded):
-    raw = json.loads((rec.benchmarks_dir() / rec.TWO_GPU_RECORD).read_text())
+    raw = rec.recorded_run(rec.TWO_GPU_RECORD)["data"]
     assert (recorded.world_size, recorded.batch_size, recorded.local_batch_size) == (2, 512, 256)
     assert recorded.device == "NVIDIA H200" and recorded.date == "2026-11-22" and recorded.parameters == 25_557_032
     assert list(recorded.per_rank["throughput"]) == [r["throughput"] for r in sorted(raw, key=lambda r: r["rank"])]
@@ -53,7 +53,7 @@ def test_the_recorded_run_is_read_as_recorded(recorded):
 
 
 def test_a_file_that_is_not_one_run_is_refused(tmp_path, recorded):
-    raw = json.loads((rec.benchmarks_dir() / rec.TWO_GPU_RECORD).read_text())
+    raw = rec.recorded_run(rec.TWO_GPU_RECORD)["data"]
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps(raw[:1]))
     with pytest.raises(ValueError, match="a rank is missing"):

@@ -1,14 +1,21 @@
 """Results files that only grow, for ``tinyllama`` and ``inference`` alike: a JSON file holds a list
 that each save appends to; a CSV file gets its header once and a row per result. Nothing written
 earlier is ever lost: a file that is not such a list is refused, and rows whose columns differ from
-a CSV file's header go to a new file beside it (``runs-1.csv``)."""
+a CSV file's header go to a new file beside it (``runs-1.csv``).
+
+The benchmark records (``benchmarks/records/<topic>.json``, and the topics notebooks read, shipped as package
+data: ``inference/data/``, ``tinyllama/course/data/``) are such lists, one run per entry, each with the keys of
+:data:`RUN_KEYS` and the run's own ``data``; :func:`run_record` builds one, :func:`packaged_record` reads a
+shipped one."""
 
 from __future__ import annotations
 
 import csv
+import datetime as _dt
 import json
 import os
 import tempfile
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -53,6 +60,31 @@ def append_json(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+# Every run of a benchmark record names when, where, at which commit and from which script or file it came.
+RUN_KEYS = ("date", "device", "gpus", "commit", "source")
+
+
+def run_record(data: Any, *, device: str, source: str, commit: str | None = None, gpus: int = 1,
+               date: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One run for a topic record: ``data`` unchanged beside the keys of :data:`RUN_KEYS` (``commit``
+    ``"unknown"`` when not given, ``date`` now in UTC when not given) and any ``extra`` (``summary``, ...)."""
+    return {"date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "device": device,
+            "gpus": int(gpus), "commit": commit or "unknown", "source": source, **extra, "data": data}
+
+
+def packaged_record(package: str, topic: str) -> list[dict[str, Any]]:
+    """The runs of the record ``<package>/data/<topic>.json`` shipped with the course (package data, so an
+    install without the checkout has it), oldest first. ``FileNotFoundError`` names the file when it is missing."""
+    resource = resources.files(package).joinpath("data", f"{topic}.json")
+    if not resource.is_file():
+        raise FileNotFoundError(f"the course's recorded {topic} runs are missing: {package.replace('.', '/')}/data/"
+                                f"{topic}.json is not installed; reinstall the course (bash course.sh kernel)")
+    runs = json.loads(resource.read_text())
+    if not isinstance(runs, list):
+        raise ResultsFileError(f"{package}/data/{topic}.json holds a JSON {type(runs).__name__}, not a list of runs")
+    return runs
 
 
 def unique_path(path: str | os.PathLike[str]) -> Path:

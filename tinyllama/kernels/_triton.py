@@ -111,7 +111,7 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 # False (the default): pointer loads everywhere. On an H200 with Triton 3.6 the descriptor path of the
 # flash attention was slower than pointer loads, 0.60-0.65x of cuDNN's SDPA against 0.67-0.70x
-# (benchmarks/2026-11-23e_h200_flash_attention.md), so it is opt-in:
+# (benchmarks/history/flash_attention.md), so it is opt-in:
 # TINYLLAMA_TENSOR_DESCRIPTORS=auto decides per device and tensors (``use_tensor_descriptors``), =1
 # forces descriptors (tests do so under the interpreter, which executes them too), =0 is the default.
 TENSOR_DESCRIPTORS: bool | None = {"1": True, "auto": None}.get(os.environ.get("TINYLLAMA_TENSOR_DESCRIPTORS", ""),

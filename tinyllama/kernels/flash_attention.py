@@ -27,7 +27,7 @@ free up, so the grid puts the head on the fast axis and orders blocks heaviest f
 blocks, the first key blocks): the light programs then fill the gaps at the end instead of one heavy
 program running alone. On an H200 (medium shapes, S 4096) the dK/dV kernel ran one 256-thread program
 per SM in two waves, and light-first order left it at about 1.5x its balanced time (simulated from
-the program counts; measured in benchmarks/2026-11-23g_h200_issue21.md).
+the program counts; measured in benchmarks/history/flash_attention.md).
 
 Grouped-query attention: query head ``h`` reads key/value head ``h // (heads // kv_heads)`` by index;
 K and V are never copied per query head. Tensors may have any batch, head and sequence strides (the
@@ -61,11 +61,11 @@ HEAD_DIMS = (16, 32, 64, 128)
 # the reverse in the dK/dV kernel), so that the diagonal band is a whole number of inner steps.
 # Hopper-sized 16-bit tiles (128-row query blocks, 8 warps, 3-5 stages; the Triton tutorial's dK/dV
 # tile of 128 keys x 32 queries). Register use, read from ptxas for sm_90a (Triton 3.8, see
-# benchmarks/2026-11-23e_h200_flash_attention.md): at head_dim 128 the dK/dV kernel holds two
+# benchmarks/history/flash_attention.md): at head_dim 128 the dK/dV kernel holds two
 # (BLOCK_N x 128) fp32 accumulators and is at the 255-register limit; the tiles that spill there by
 # hundreds of bytes or more are offered up to head_dim 64 only, unless timed faster: the dK/dV tile
 # (64 queries, 128 keys, 8 warps) spills there, and it and the 4-warp tiles of 64 keys were 7-17% faster
-# than the tile the autotuner had picked from the others (H200, benchmarks/2026-11-23g_h200_issue21.md,
+# than the tile the autotuner had picked from the others (H200, benchmarks/history/flash_attention.md,
 # "Tiles"). Pointer loads cost more registers than tensor-descriptor loads (the addresses of a whole
 # tile), up to spilling where TMA does not.
 # fp32 tiles hold twice the bytes and fp32 products do not use tensor cores, so fp32 inputs get their

@@ -14,7 +14,7 @@ every call, as a plain ``@triton.autotune`` kernel is launched). The yardsticks:
 three-argument Triton kernel without autotuner, and PyTorch's ``F.rms_norm``. ``us_per_launch`` is the
 call's host time over the kernels it launches (the attention backward launches two); ``vs_plain``
 and ``vs_rms_norm`` are that over each yardstick's, from the same run (the hosts of the lent H200
-machines differed by up to 2x between runs, the ratios far less: ``benchmarks/2026-11-23f_h200_issue21.md``).
+machines differed by up to 2x between runs, the ratios far less: run ``2026-11-23f_h200_issue21.md`` of ``benchmarks/records/launch_costs.json``).
 
 On a CPU the kernels run in Triton's interpreter: the numbers are the interpreter's.
 """

@@ -13,7 +13,7 @@ seq, (heads + 2 kv_heads) * head_dim). The same kernels, composed with fewer pie
 Piece by piece (V2's ``project_qkv`` with ``rope`` and ``flash_attention``) the same work takes two
 RoPE launches each way, a ``cat`` kernel that copies dq, dk and dv into the projection's gradient,
 and an autograd node for every split, view and transpose between them: host time on every step of
-eager V3, which launches from Python (``benchmarks/NOTES.md``, issue 21).
+eager V3, which launches from Python (``benchmarks/history/launch_costs.md``, issue 21).
 
 Traced or counted calls (``torch.compile``, ``FlopCounterMode``; see ``tinyllama.kernels._ops``)
 take the composed path, whose registered operators compute the same.
