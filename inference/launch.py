@@ -29,7 +29,7 @@ from inference import distributed, networks
 from inference.benchmark import _cudnn_benchmark, _Run
 from inference.config import BenchmarkConfig
 from tinyllama import device as dev
-from tinyllama.timing import PhaseTimer, Stats, summarize
+from tinyllama.timing import PhaseTimer, Stats, require_unprofiled, summarize
 
 # The device waited for the host when the host needed at least this share of the device's time per
 # iteration to issue it (the rest is the last kernels finishing after the last launch).
@@ -64,6 +64,7 @@ def host_and_device_ms(config: BenchmarkConfig, iterations: int | None = None) -
     an idle device after ``config.warmup`` warm-up iterations (the first one checked against the fp32
     reference, as in every benchmark run), and time the host's issuing and the device's work of each."""
     config.validate()
+    require_unprofiled("host_and_device_ms")
     spec = networks.get_spec(config.network)
     device = distributed.resolve_device(config.device)
     run = _Run(config, spec, distributed.current(), device, config.batch_size)

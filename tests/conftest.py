@@ -41,6 +41,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_profiler_record():
+    """Each test starts as a fresh process would: no profiler session on record (the timers refuse to
+    time after one, and tests of many modules share this process)."""
+    from tinyllama.timing import forget_profiler_sessions
+
+    forget_profiler_sessions()
+    yield
+    forget_profiler_sessions()
+
+
 @pytest.fixture
 def device() -> torch.device:
     """The device tests run on: the GPU where there is one, else the CPU."""

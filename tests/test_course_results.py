@@ -108,3 +108,15 @@ def test_record_reports_where_it_wrote(results_env, capsys):
     path = results.record("00_environment_check", {"copy_tbs": 1.0})
     assert f"Recorded 1 figure(s) from 00_environment_check in {path}" in capsys.readouterr().out
     assert os.fspath(path).startswith(os.fspath(results_env.resolve()))
+
+
+def test_a_record_names_the_commit_it_ran_at(tmp_path, monkeypatch):
+    from tinyllama.course import results
+
+    monkeypatch.setenv("WORKSHOP_COMMIT", "abc123def456")
+    results.course_commit.cache_clear()
+    try:
+        results.record("00_environment_check", {"x": 1.0}, directory=tmp_path, quiet=True)
+        assert results.read_records(tmp_path)[-1]["commit"] == "abc123def456"
+    finally:
+        results.course_commit.cache_clear()

@@ -205,6 +205,24 @@ def test_every_rank_is_reported_with_the_global_figures_and_the_scaling_efficien
     assert records[0]["communication_problems"] == [] and len(records[0]["communication_steps"]) == 1
 
 
+def test_every_strategy_is_timed_before_any_is_profiled(tmp_path):
+    """Two strategies in one launch: both timed, then both profiled (a profiler session before the second's
+    timing would slow it, and the timers refuse to time after one)."""
+    if not fsdp_available():
+        pytest.skip(f"PyTorch {torch.__version__} has no FSDP2 (fully_shard)")
+
+    def target(rank: int, folder: Path) -> int:
+        return main(["--preset", "ci", "--batch-size", "4", "--num-steps", "2", "--warmup-steps", "1", "--quiet",
+                     "--device", "cpu", "--profiled-steps", "1", "--strategy", "ddp", "fsdp",
+                     "--json", str(folder / "runs.json")])
+
+    assert _run_ranks(target, tmp_path) == [0, 0], [(tmp_path / f"rank{r}.err").read_text()[-2000:] for r in range(2)]
+    records = json.loads((tmp_path / "runs.json").read_text())
+    assert sorted((r["strategy"], r["rank"]) for r in records) == [("ddp", 0), ("ddp", 1), ("fsdp", 0), ("fsdp", 1)]
+    assert all(0 < r["communication_ms"] <= r["profiled_step_ms"] for r in records)
+    assert all(r["step_ms_median"] > 0 for r in records)
+
+
 def test_torchrun_stops_every_rank_when_one_fails(tmp_path):
     began = time.monotonic()
     done = _torchrun("--batch-size", "4", "--num-steps", "3", "--warmup-steps", "1", "--profiled-steps", "0",

@@ -49,3 +49,17 @@ def test_the_host_clock_starts_after_a_synchronize(log):
     timer.mark("call")
     assert timer.stop() == {"call": 1000.0}
     assert log == ["synchronize", "clock", "clock", "synchronize"]
+
+
+def test_host_verdict_needs_the_bands_to_separate_and_the_share_to_matter():
+    from tinyllama.timing import Band, host_verdict
+
+    # 20% host share, bands apart: host-bound
+    share, said = host_verdict(Band(50.0, 49.0, 51.0), Band(40.0, 39.5, 40.5))
+    assert said == "host-bound" and abs(share - 0.2) < 1e-12
+    # the same medians, the eager band reaching below the replay's: within noise, so not host-bound
+    assert host_verdict(Band(50.0, 38.0, 60.0), Band(40.0, 39.5, 40.5))[1] == "device-bound"
+    # bands apart but the host adds 3%: below the line
+    assert host_verdict(Band(41.2, 41.1, 41.3), Band(40.0, 39.9, 40.1))[1] == "device-bound"
+    # a replay slower than the eager step (noise or a graph's cost) is never host-bound
+    assert host_verdict(Band(40.0, 39.9, 40.1), Band(44.0, 43.9, 44.1))[1] == "device-bound"

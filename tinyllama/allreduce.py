@@ -38,7 +38,7 @@ import torch.distributed as dist
 from tinyllama import device as dev
 from tinyllama import process_group
 from tinyllama.errors import BenchmarkError, ConfigError
-from tinyllama.timing import Stats, summarize
+from tinyllama.timing import Stats, require_unprofiled, summarize
 
 MIB = 2**20
 # ResNet-50's 25,557,032 parameters as fp32 gradients: 97.5 MiB, the buffer DDP all-reduces every step
@@ -127,6 +127,7 @@ def time_all_reduce(size_bytes: int, device: torch.device | str, *, dtype: torch
     group: ``warmup`` untimed all-reduces, then ``iterations`` samples of ``inner`` back-to-back ones, each
     sample after a barrier. Every rank must call it with the same arguments (it is a collective)."""
     ctx = _check(size_bytes, iterations, warmup, inner)
+    require_unprofiled("the all-reduce timing")
     device = torch.device(device)
     element = torch.empty((), dtype=dtype).element_size()
     numel = max(1, size_bytes // element)

@@ -10,8 +10,9 @@ For each run, in order:
    gradient; a run at another precision is also checked at that precision, with a looser tolerance.
    A run that fails is not timed;
 3. it is timed by the training benchmark (``tinyllama.bench``) on batches shared by all runs;
-4. the profiler counts its matrix-multiply (GEMM) launches in one training step: the evidence that a
-   fusion really replaced several products by one.
+4. after every run was timed, the profiler counts each run's matrix-multiply (GEMM) launches in one
+   training step (the evidence that a fusion really replaced several products by one), in a process
+   of its own: a profiler session slows every later launch in the process that ran it.
 
 The result is one record (device, date, torch version, every run) that prints as a table, appends to
 a JSON or CSV file, plots (``plot_comparison``) and compares with an earlier record
@@ -45,7 +46,9 @@ from tinyllama.config import resolve_config
 from tinyllama.errors import BenchmarkError
 from tinyllama.models import build
 from tinyllama.models.weights import canonical_state_dict, from_canonical, unwrap
-from tinyllama.profiling.queries import count_gemms, is_gemm_kernel, top_operations
+from tinyllama.comparison.profiles import profile_runs
+from tinyllama.profiling.isolated import isolated
+from tinyllama.profiling.queries import is_gemm_kernel
 from tinyllama.settings import PRECISIONS
 from tinyllama.training import check_cuda_graph, make_batches
 
@@ -106,7 +109,6 @@ def compare(
     del reference_model
 
     rows: list[dict[str, Any]] = []
-    profiles: dict[str, list[dict[str, Any]]] = {}
     for index, spec in enumerate(specs, 1):
         say(f"[{index}/{len(specs)}] {spec.label}", progress)
         began = time.perf_counter()
@@ -115,11 +117,6 @@ def compare(
             try:
                 row.update(_time_run(spec, model, preset, batch_size, seq_len, num_steps, warmup_steps, seed,
                                      device, batches, progress, overrides))
-                if gemm_counts:
-                    row.update(count_gemms(model, batches[0], spec.precision, device))
-                if spec.label in profile_labels:
-                    say("  profiling the top operations", progress)
-                    profiles[spec.label] = top_operations(model, batches[0], spec.precision, device, top=profile_top)
             except (BenchmarkError, CorrectnessError) as error:
                 row.update(check="failed", check_message=str(error))
                 say(f"  NOT TIMED: {error}", progress)
@@ -133,6 +130,8 @@ def compare(
         del model
         dev.free_memory(device)
 
+    profiles = _profile_timed_runs(specs, rows, config, weights, batches[0], device, gemm_counts, profile_labels,
+                                   profile_top, progress)
     _add_ratios(rows, ceilings or {})
     record = {
         "kind": RECORD_KIND, "schema": 1,
@@ -144,6 +143,33 @@ def compare(
         "runs": rows, "profiles": profiles,
     }
     return Comparison(record)
+
+
+def _profile_timed_runs(specs: Sequence[RunSpec], rows: list[dict[str, Any]], config: Any,
+                        weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
+                        device: torch.device, gemm_counts: bool, profile_labels: set[str], top: int,
+                        progress: bool) -> dict[str, list[dict[str, Any]]]:
+    """Add the GEMM counts to the timed runs' rows and return the top operations of those asked for.
+    All of it is profiled after every run was timed, and in a process of its own: a profiler session
+    leaves the process that ran it slower to launch kernels (see ``tinyllama.timing``)."""
+    timed = [spec for spec, row in zip(specs, rows) if row["check"] == "passed"]
+    wanted = [spec for spec in timed if gemm_counts or spec.label in profile_labels]
+    if not wanted:
+        return {}
+    say(f"profiling {len(wanted)} run(s) in a separate process (GEMM counts{', top operations' if profile_labels else ''})",
+        progress)
+    dev.free_memory(device)
+    answers = isolated(profile_runs, wanted, config, {k: v.cpu() for k, v in weights.items()},
+                       tuple(t.cpu() for t in batch), str(device), gemm_counts, sorted(profile_labels), top)
+    profiles: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        answer = answers.get(row["label"], {})
+        if "error" in answer:
+            say(f"  {row['label']}: not profiled ({answer['error']})", progress)
+        row.update({k: answer[k] for k in ("gemm_ops", "gemm_kernels") if k in answer})
+        if "profile" in answer:
+            profiles[row["label"]] = answer["profile"]
+    return profiles
 
 
 def _oom_advice(batch_size: int) -> str:

@@ -422,19 +422,12 @@ def run_distributed(
     if version not in VERSIONS:
         raise ConfigError(f"unknown version {version!r}: choose one of {', '.join(VERSIONS)}")
     ctx = process_group.current()
-    config, batch_size, seq_len = resolve_config(preset, batch_size, seq_len, **config_overrides)
-    local_batch = ctx.local_batch(batch_size)
-    device = rank_device(ctx, None if device is None else str(device))
     steps_needed = warmup_steps + num_steps
-    if dataset is None:
-        dataset = SyntheticTokens(config.vocab_size, seq_len, batch_size * min(steps_needed, 8), seed=seed)
-    batches = _fetch_batches(rank_loader(dataset, local_batch, ctx, shuffle=shuffle, seed=seed), steps_needed, device)
-
-    configure_determinism(seed, deterministic=False)  # the same initial weights on every rank
-    model = build(version, config, **dict(model_options or {})).to(device).train()
+    run = _Run.build(strategy, version, preset, batch_size, seq_len, precision, seed, device, dataset, shuffle,
+                     steps_needed, model_options, config_overrides)
+    config, batch_size, seq_len, local_batch = run.config, run.batch_size, run.seq_len, run.local_batch
+    device, batches, model, wrapped, step = run.device, run.batches, run.model, run.wrapped, run.step
     num_parameters = sum(p.numel() for p in model.parameters())
-    wrapped = wrap(model, strategy, device) if dist.is_initialized() else model
-    step = TrainingStep(wrapped, precision, device, fused_optimizer=getattr(model, "fused_optimizer", False))
     inputs, targets = batches[0]
     check_every_parameter_trained(wrapped, lambda: step.loss(inputs, targets))
     runner: Any = _FailAt(step, fail_step, ctx.label) if fail_rank == ctx.rank else step
@@ -472,6 +465,64 @@ def run_distributed(
         predicted_state_mib=predicted, baseline_tokens_per_s=baseline_tokens_per_s,
         communication_problems=problems, config=config.to_dict(), weights=weights,
     )
+
+
+@dataclass
+class _Run:
+    """What one run trains: its configuration, this rank's batches, the model, its wrapper and its step."""
+
+    config: Any
+    batch_size: int
+    seq_len: int
+    local_batch: int
+    device: torch.device
+    batches: list[tuple[torch.Tensor, torch.Tensor]]
+    model: nn.Module
+    wrapped: nn.Module
+    step: TrainingStep
+
+    @classmethod
+    def build(cls, strategy: str, version: str, preset: str, batch_size: int | None, seq_len: int | None,
+              precision: str, seed: int, device: torch.device | str | None, dataset: Dataset | None, shuffle: bool,
+              steps_needed: int, model_options: dict[str, Any] | None, config_overrides: dict[str, Any]) -> "_Run":
+        ctx = process_group.current()
+        config, batch_size, seq_len = resolve_config(preset, batch_size, seq_len, **config_overrides)
+        local_batch = ctx.local_batch(batch_size)
+        device = rank_device(ctx, None if device is None else str(device))
+        if dataset is None:
+            dataset = SyntheticTokens(config.vocab_size, seq_len, batch_size * min(steps_needed, 8), seed=seed)
+        batches = _fetch_batches(rank_loader(dataset, local_batch, ctx, shuffle=shuffle, seed=seed), steps_needed,
+                                 device)
+        configure_determinism(seed, deterministic=False)  # the same initial weights on every rank
+        model = build(version, config, **dict(model_options or {})).to(device).train()
+        wrapped = wrap(model, strategy, device) if dist.is_initialized() else model
+        step = TrainingStep(wrapped, precision, device, fused_optimizer=getattr(model, "fused_optimizer", False))
+        return cls(config, batch_size, seq_len, local_batch, device, batches, model, wrapped, step)
+
+
+def profile_communication(result: DistributedResult, *, batch_size: int | None = None, seq_len: int | None = None,
+                          seed: int = 0, device: torch.device | str | None = None, dataset: Dataset | None = None,
+                          shuffle: bool = False, profiled_steps: int = 2, trace_dir: str | Path | None = None,
+                          model_options: dict[str, Any] | None = None, **config_overrides: Any) -> DistributedResult:
+    """Profile ``profiled_steps`` steps of the run ``result`` describes, trained afresh on every rank, and
+    fill its ranks' communication figures (in place; also returned). For a run timed with
+    ``profiled_steps=0`` before others: a profiler session slows every later launch in its process, so
+    the command line times every strategy first and profiles them afterwards, this way."""
+    if profiled_steps < 1:
+        raise ConfigError(f"profiled_steps must be at least 1, got {profiled_steps}")
+    ctx = process_group.current()
+    run = _Run.build(result.strategy if dist.is_initialized() else "ddp", result.version, result.preset, batch_size,
+                     seq_len, result.precision, seed, device, dataset, shuffle, 2, model_options, config_overrides)
+    run.step(*run.batches[0])  # the first step builds what later steps reuse (buckets, compiled code)
+    communication, trace = _profile_communication(run.step, run.batches, profiled_steps, run.device, trace_dir,
+                                                  f"{result.strategy}-rank{ctx.rank}")
+    mine = (communication, None if trace is None else str(trace), communication.collectives().to_dict("records"))
+    for rank, (profile, path, collectives) in zip(result.ranks, process_group.gather(mine, ctx)):
+        rank.communication_profile, rank.trace_path, rank.collectives = profile, path, collectives
+    result.communication_problems = _combine_communication(result.ranks)
+    del run
+    dev.free_memory(device)
+    return result
 
 
 def _combine_communication(ranks: list[RankResult]) -> list[str]:
@@ -638,15 +689,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if process_group.launched_by_torchrun():
             ctx = process_group.join(device, backend=args.backend, timeout_s=args.timeout_s)
         results = []
+        options = dict(parse_option(o) for o in args.option)
+        # Every strategy is timed before any is profiled: a profiler session slows every later launch here.
         for strategy in args.strategy:
             results.append(run_distributed(
                 strategy, args.version, args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
                 precision=args.precision, num_steps=args.num_steps, warmup_steps=args.warmup_steps, seed=args.seed,
-                device=device, baseline_tokens_per_s=args.baseline_tokens_per_s, profiled_steps=args.profiled_steps,
-                trace_dir=args.trace_dir, return_weights=bool(args.save_weights), fail_rank=args.fail_rank,
-                fail_step=args.fail_step, model_options=dict(parse_option(o) for o in args.option),
-                progress=not args.quiet, **shape_overrides(args)))
+                device=device, baseline_tokens_per_s=args.baseline_tokens_per_s, profiled_steps=0,
+                return_weights=bool(args.save_weights), fail_rank=args.fail_rank, fail_step=args.fail_step,
+                model_options=options, progress=not args.quiet, **shape_overrides(args)))
             dev.free_memory(device)
+        if args.profiled_steps:
+            for result in results:
+                profile_communication(result, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+                                      device=device, profiled_steps=args.profiled_steps, trace_dir=args.trace_dir,
+                                      model_options=options, **shape_overrides(args))
     except (ValueError, dev.DeviceUnavailable) as error:  # ConfigError included
         print(f"{prefix}: {error}", file=sys.stderr, flush=True)
         return 2

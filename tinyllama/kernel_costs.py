@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tinyllama import device as dev
-from tinyllama.timing import Stats, summarize, time_callable
+from tinyllama.timing import Stats, require_unprofiled, summarize, time_callable
 
 
 def rmsnorm_forward_bytes(rows: int, width: int, itemsize: int, weight_itemsize: int | None = None) -> int:
@@ -66,6 +66,7 @@ def device_ms(fn: Callable[[], object], device: torch.device | str | None = None
     error says so. On a CPU this is :func:`tinyllama.timing.time_callable`: with Triton's interpreter,
     the interpreter's time.
     """
+    require_unprofiled("device_ms")
     device = dev.get_device(None if device is None else str(device))
     if device.type != "cuda":
         return time_callable(fn, device, warmup=warmup, repeat=repeat)
@@ -123,6 +124,7 @@ def host_us_per_call(fn: Callable[[], object], device: torch.device | str | None
     is no longer the launch cost."""
     if calls < 1 or repeat < 1:
         raise ValueError("calls and repeat must be at least 1")
+    require_unprofiled("host_us_per_call")
     device = dev.get_device(None if device is None else str(device))
     for _ in range(warmup):
         fn()

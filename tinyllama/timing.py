@@ -10,11 +10,76 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
+import torch.autograd.profiler as _autograd_profiler
 
 from tinyllama import device as dev
+from tinyllama.errors import BenchmarkError
+
+
+# --------------------------------------------------------------------------------------------------
+# No timing after a profiler session
+# --------------------------------------------------------------------------------------------------
+# After a torch.profiler session ends, CUPTI (roctracer on ROCm) stays attached to the process and
+# every later kernel launch costs more: on an H200 an eager V2 step went from 56.7 ms in a fresh
+# process to 81.5 ms after one profiler session, while CUDA-graph replays did not move. A timing
+# taken after profiling therefore says "host-bound" about a step that is not. So every timer here
+# first asks :func:`require_unprofiled`, which refuses once a profiler has run in this process.
+# PyTorch calls ``_run_on_profiler_start`` whenever a kineto session starts (torch.profiler.profile
+# and torch.autograd.profiler.profile alike), so wrapping it sees the participant's own profilers too.
+
+class ProfilerResidueError(BenchmarkError):
+    """A timing was asked for in a process where a profiler session has already run."""
+
+
+_profiler_sessions: list[str] = []
+
+
+def _install_profiler_hook() -> None:
+    original = getattr(_autograd_profiler, "_run_on_profiler_start", None)
+    if original is None or getattr(original, "_tinyllama_hook", False):
+        return
+
+    def on_start() -> None:
+        _profiler_sessions.append("torch.profiler")
+        original()
+
+    on_start._tinyllama_hook = True  # type: ignore[attr-defined]
+    _autograd_profiler._run_on_profiler_start = on_start
+
+
+_install_profiler_hook()
+
+
+def profiler_has_run() -> bool:
+    """Whether a profiler session has started in this process (since :func:`forget_profiler_sessions`)."""
+    return bool(_profiler_sessions)
+
+
+def profiler_active() -> bool:
+    """Whether a torch.profiler session is recording right now."""
+    return bool(getattr(_autograd_profiler, "_is_profiler_enabled", False))
+
+
+def forget_profiler_sessions() -> None:
+    """Clear the record of profiler sessions: for test suites, whose tests each start clean. A
+    participant restarts the kernel instead (the residue is real; only a new process is free of it)."""
+    _profiler_sessions.clear()
+
+
+def require_unprofiled(what: str = "this timing") -> None:
+    """Raise :class:`ProfilerResidueError` when a profiler session has run in this process and none is
+    recording now. Timing the profiled run itself (inside a session) is allowed: it measures what
+    profiling costs and is reported as profiled. On a CPU the profiler leaves no residue, but the rule
+    holds there too, so a notebook that breaks it fails on the CI machine before it misleads on a GPU."""
+    if _profiler_sessions and not profiler_active():
+        raise ProfilerResidueError(
+            f"{what} refused: a profiler session has already run in this process, and on a GPU its "
+            "tracing library stays attached and slows every later launch (eager steps by 10-40%). Time "
+            "first and profile afterwards (restart the kernel, run the timing cells before the profiling "
+            "ones), or profile in a separate process (tinyllama.profiling.isolated).")
 
 
 @dataclass
@@ -81,6 +146,7 @@ class PhaseTimer:
     """
 
     def __init__(self, device: torch.device) -> None:
+        require_unprofiled("timing with a PhaseTimer")
         self.device = device
         self._use_events = device.type == "cuda"
         self._marks: list[tuple[str, object]] = []
@@ -115,7 +181,15 @@ class PhaseTimer:
         return out
 
 
-def verdict(before: Stats, after: Stats) -> tuple[float, str]:
+class Band(NamedTuple):
+    """A timing's median and p10-p90 band (what :func:`verdict` reads), for figures kept in a table."""
+
+    median: float
+    p10: float
+    p90: float
+
+
+def verdict(before: Stats | Band, after: Stats | Band) -> tuple[float, str]:
     """The one comparison of two timed runs: ``before.median / after.median``, and ``"faster"`` when
     after's whole p10-p90 band lies below before's, ``"slower"`` when above, else ``"within noise"``."""
     ratio = before.median / after.median
@@ -124,6 +198,22 @@ def verdict(before: Stats, after: Stats) -> tuple[float, str]:
     if after.p10 > before.p90:
         return ratio, "slower"
     return ratio, "within noise"
+
+
+# A host that adds less than this share to an eager step does not set its pace, even where the two
+# bands separate: a few percent is within what a profile, a clock change or a neighbour moves.
+HOST_BOUND_SHARE = 0.05
+
+
+def host_verdict(eager: Stats | Band, replayed: Stats | Band) -> tuple[float, str]:
+    """The one host-versus-device verdict, from unprofiled evidence: an eager step against the same step
+    replayed from CUDA graphs (the device's own time, no host in it). Returns the host's share of the
+    eager step, ``1 - replayed / eager``, and ``"host-bound"`` when the eager step is slower beyond both
+    bands and by more than :data:`HOST_BOUND_SHARE`, else ``"device-bound"`` (the replay is the eager
+    step's time within noise, or the host adds only a little)."""
+    share = 1.0 - replayed.median / eager.median
+    _, said = verdict(eager, replayed)
+    return share, "host-bound" if said == "faster" and share > HOST_BOUND_SHARE else "device-bound"
 
 
 def time_samples(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
@@ -227,6 +317,7 @@ class StepClock:
         self.work: list[float] = []
 
     def __call__(self) -> object:
+        require_unprofiled("a StepClock step")
         dev.synchronize(self.device)
         on_gpu = self.device.type == "cuda"
         if on_gpu:

@@ -9,12 +9,14 @@ ever appended; :func:`load_results` reads them all into a DataFrame for the fina
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import getpass
 import json
 import math
 import numbers
 import os
 import platform
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -76,6 +78,27 @@ def _clean_figure(name: str, value: Any) -> Figure:
                     "booleans (one figure per name; call .item() on a tensor)")
 
 
+COMMIT_VARIABLE = "WORKSHOP_COMMIT"
+
+
+@functools.lru_cache(maxsize=1)
+def course_commit() -> str | None:
+    """The commit of the course code that runs: ``$WORKSHOP_COMMIT`` where set (a copy of the tree whose
+    ``.git`` is not its own, as on a lent GPU machine), else the checkout's ``HEAD``, with ``-dirty`` when
+    its tracked files differ from it; ``None`` outside a git checkout."""
+    if os.environ.get(COMMIT_VARIABLE, "").strip():
+        return os.environ[COMMIT_VARIABLE].strip()
+    root = checkout_root()
+    if root is None or not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=root,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
 def _user() -> str:
     try:
         return getpass.getuser()
@@ -95,7 +118,8 @@ def record(
 ) -> Path:
     """Append one record of ``figures`` measured in ``notebook`` to the results file.
 
-    The record is stamped with the date, the user, the profile, and
+    The record is stamped with the date, the user, the profile, the course's commit
+    (:func:`course_commit`), and
     :func:`tinyllama.device.environment_summary` (back end, device, versions). Returns the file.
     """
     if not notebook:
@@ -110,6 +134,7 @@ def record(
         "user": _user(),
         "host": platform.node(),
         "run_id": os.environ.get(RUN_ID_VARIABLE) or None,
+        "commit": course_commit(),
         "notes": notes,
         "environment": dev.environment_summary(device),
         "figures": cleaned,

@@ -4,8 +4,8 @@
   where the installed torch has it, else key/value heads repeated), as PyTorch dispatches it or forced
   to one backend (``"flash"``, ``"efficient"``, ``"cudnn"``, ``"math"``);
 - :func:`sdpa_backend`: which backend PyTorch's dispatcher picks for given tensors, read from the
-  operator the profiler records (``aten::_scaled_dot_product_cudnn_attention`` is cuDNN, and so on)
-  and, on a GPU, the kernels it launched;
+  operator it calls (``aten::_scaled_dot_product_cudnn_attention`` is cuDNN, and so on) and, when
+  asked, the kernels it launched;
 - :func:`saved_tensor_bytes`: the bytes autograd keeps for the backward while a function runs (exact,
   on every device: the CPU keeps no allocator statistics, but saved tensors can always be counted);
 - :func:`peak_memory_bytes`: the allocator's peak above its starting point while a function runs (a GPU
@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyllama import device as dev
 
-# The operator each SDPA backend runs under, most specific first (names as the profiler records them).
+# The operator each SDPA backend runs under, most specific first (ATen names, as a profiler records them).
 BACKEND_OPERATORS: tuple[tuple[str, str], ...] = (
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "flash (CPU)"),
     ("aten::_scaled_dot_product_cudnn_attention", "cuDNN"),
@@ -115,31 +116,51 @@ def refusal_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: s
             return "; ".join(dict.fromkeys(said)) or str(error).splitlines()[0]
 
 
-def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                 backend: str | None = None) -> BackendChoice:
-    """Which backend :func:`sdpa` runs for these tensors (forward and, when they require gradients, the
-    backward): one call under the PyTorch profiler, named from the operator it records."""
-    from torch.profiler import ProfilerActivity, profile
+class _OperatorNames(TorchDispatchMode):
+    """Records the ATen operators called while active: what a profiler's operator rows would show,
+    without a profiler session (which would slow every later launch in this process)."""
 
-    activities = [ProfilerActivity.CPU]
-    if q.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - PyTorch's signature
+        self.names.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                 backend: str | None = None, kernels: bool = False) -> BackendChoice:
+    """Which backend :func:`sdpa` runs for these tensors (forward and, when they require gradients, the
+    backward), named from the operator the dispatcher calls, seen by a dispatch mode (no profiler).
+    ``kernels=True`` also lists the device kernels it launched, which takes a profiler session: the
+    process then refuses later timings (``tinyllama.timing``), so ask for kernels after timing."""
+    with _OperatorNames() as recorder:
         out = sdpa(q, k, v, causal, backend)
         if out.requires_grad:
             out.sum().backward()
-        dev.synchronize(q.device)
-    names = [event.name for event in prof.events()]
-    name, operator = backend_from_operators(names)
-    kernels: list[str] = []
-    if q.device.type == "cuda":
+    dev.synchronize(q.device)
+    name, operator = backend_from_operators(recorder.names)
+    softmax = next((n for n in recorder.names if n in ("aten::_safe_softmax", "aten::_softmax", "aten::softmax")), None)
+    if name == "unknown" and softmax:
+        # The math path is composite: below the dispatcher it is already its matmuls and softmax.
+        name, operator = "math", f"{softmax} (the math path, written out in operators)"
+    launched: list[str] = []
+    if kernels and q.device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out = sdpa(q, k, v, causal, backend)
+            if out.requires_grad:
+                out.sum().backward()
+            dev.synchronize(q.device)
         for event in prof.events():
             device_type = getattr(event, "device_type", None)
-            if device_type is not None and "CUDA" in str(device_type) and event.name not in kernels:
-                kernels.append(event.name)
+            if device_type is not None and "CUDA" in str(device_type) and event.name not in launched:
+                launched.append(event.name)
     for tensor in (q, k, v):
         tensor.grad = None
-    return BackendChoice(name, operator, kernels)
+    return BackendChoice(name, operator, launched)
 
 
 def saved_tensor_bytes(fn: Callable[[], Any]) -> int:

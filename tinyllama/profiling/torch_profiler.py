@@ -31,7 +31,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from tinyllama import device as dev
 from tinyllama.profiling.vendor import KERNEL_COLUMNS
-from tinyllama.training import PHASES
+from tinyllama.training import PHASES, TrainingStep
 
 # Every profile here reads one cycle: PyTorch's note (from its second profiler on) that events are
 # cleared between cycles says nothing about these profiles and only confuses a participant.
@@ -235,12 +235,7 @@ class ProfileRun:
 
     def top(self, n: int = 10) -> pd.DataFrame:
         """The ``n`` operators with the most self device time (self CPU time on a CPU), with their share."""
-        ops = self.operators()
-        ops = ops[ops["kind"] == "operator"].copy()
-        by = "self_device_ms" if self.on_device else "self_cpu_ms"
-        total = ops[by].sum()
-        ops["share_pct"] = 100.0 * ops[by] / total if total else 0.0
-        return ops.head(n).reset_index(drop=True)
+        return _top(self.operators(), self.on_device, n)
 
     def kernels(self) -> pd.DataFrame:
         """Device kernels (and copies) with their total time over the active steps, in the columns of
@@ -325,8 +320,70 @@ class ProfileRun:
 
     def category_shares(self) -> pd.DataFrame:
         """:meth:`breakdown` summed over phases: the share of time in GEMMs, attention, element-wise..."""
-        frame = self.breakdown().groupby("category", as_index=False)[["time_ms", "share_pct"]].sum()
-        return frame.sort_values("time_ms", ascending=False, ignore_index=True)
+        return _category_shares(self.breakdown())
+
+    def tables(self) -> "ProfileTables":
+        """What this profile answers, as tables that can be pickled (and so come back from another process)."""
+        return ProfileTables(str(self.device), self.steps, self.on_device, self.trace_path, self.operators(),
+                             self.kernels(), self.kernels_outside_operators(), self.breakdown(), self.overhead(),
+                             self.table())
+
+
+def _top(operators: pd.DataFrame, on_device: bool, n: int) -> pd.DataFrame:
+    ops = operators[operators["kind"] == "operator"].copy()
+    by = "self_device_ms" if on_device else "self_cpu_ms"
+    total = ops[by].sum()
+    ops["share_pct"] = 100.0 * ops[by] / total if total else 0.0
+    return ops.head(n).reset_index(drop=True)
+
+
+def _category_shares(breakdown: pd.DataFrame) -> pd.DataFrame:
+    frame = breakdown.groupby("category", as_index=False)[["time_ms", "share_pct"]].sum()
+    return frame.sort_values("time_ms", ascending=False, ignore_index=True)
+
+
+@dataclass
+class ProfileTables:
+    """A :class:`ProfileRun`'s answers, kept as tables: the same methods (``operators``, ``top``,
+    ``kernels``, ``kernels_outside_operators``, ``overhead``, ``breakdown``, ``category_shares``, ``table``)
+    without the live profiler, so a profile taken in another process (:func:`profile_training_isolated`)
+    reads like one taken here."""
+
+    device: str
+    steps: int
+    on_device: bool
+    trace_path: Path | None
+    operator_table: pd.DataFrame
+    kernel_table: pd.DataFrame
+    outside_table: pd.DataFrame
+    breakdown_table: pd.DataFrame
+    overhead_figures: Overhead
+    text: str
+
+    def operators(self) -> pd.DataFrame:
+        return self.operator_table.copy()
+
+    def top(self, n: int = 10) -> pd.DataFrame:
+        return _top(self.operator_table, self.on_device, n)
+
+    def kernels(self) -> pd.DataFrame:
+        return self.kernel_table.copy()
+
+    def kernels_outside_operators(self) -> pd.DataFrame:
+        return self.outside_table.copy()
+
+    def overhead(self) -> Overhead:
+        return self.overhead_figures
+
+    def breakdown(self) -> pd.DataFrame:
+        return self.breakdown_table.copy()
+
+    def category_shares(self) -> pd.DataFrame:
+        return _category_shares(self.breakdown_table)
+
+    def table(self, row_limit: int = 15, sort_by: str | None = None) -> str:
+        """PyTorch's text table as it was printed in the profiling process (its first 15 rows)."""
+        return self.text
 
 
 def _launched_kernels(event: Any) -> list[Any]:
@@ -475,3 +532,30 @@ def profile_steps(
             dev.synchronize(device)  # clean step boundaries on the timeline
             prof.step()
     return ProfileRun(prof, device, active, written[-1] if written else None)
+
+
+def profile_training(version: str, config: Any, weights: dict[str, torch.Tensor],
+                     batch: tuple[torch.Tensor, torch.Tensor], precision: str, device: torch.device | str,
+                     model_options: dict[str, Any] | None = None, *, wait: int = 1, warmup: int = 1, active: int = 3,
+                     trace_dir: str | Path | None = None, name: str = "tinyllama") -> ProfileTables:
+    """Build ``version`` with ``model_options``, load ``weights`` (its state dict), and profile its training
+    step on ``batch`` (:func:`profile_steps`); the answers as :class:`ProfileTables`."""
+    from tinyllama.models import build
+
+    device = dev.get_device(str(device))
+    with device:
+        model = build(version, config, **(model_options or {}))
+    model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+    inputs, targets = (t.to(device) for t in batch)
+    step = TrainingStep(model, precision, device)
+    run = profile_steps(lambda: step(inputs, targets), device=device, wait=wait, warmup=warmup, active=active,
+                        trace_dir=trace_dir, name=name)
+    return run.tables()
+
+
+def profile_training_isolated(*args: Any, **kwargs: Any) -> ProfileTables:
+    """:func:`profile_training` in a process of its own (``tinyllama.profiling.isolated``): this process
+    keeps no profiler residue, so it can go on timing. Same arguments."""
+    from tinyllama.profiling.isolated import isolated
+
+    return isolated(profile_training, *args, **kwargs)
