@@ -539,7 +539,7 @@ def _run(config: BenchmarkConfig, spec: networks.NetworkSpec, ctx: DistContext, 
          local_batch: int) -> BenchmarkResult:
     run = _Run(config, spec, ctx, device, local_batch)
     run.prepare()
-    timer = PhaseTimer(device)
+    timer = PhaseTimer(device, profiled=bool(config.kineto or config.autograd_profiler))
     prefix = f"[rank {ctx.rank}] " if ctx.distributed else ""
     with _cudnn_benchmark(device):
         warmup_ms, first_loss = run.warm_up(timer, prefix)

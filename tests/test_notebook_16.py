@@ -96,3 +96,5 @@ def test_break_even_mistakes_fail(notebook, mistake):
 def test_break_even_sentence():
     assert "never pays" in compile_checks.describe_break_even(math.inf, 10.0)
     assert "1,200 steps" in compile_checks.describe_break_even(1200.0, 25.0)
+    assert "30.0 seconds" in compile_checks.describe_break_even(1200.0, 25.0)  # 1,200 steps of 25 ms
+    assert "2.0 minutes" in compile_checks.describe_break_even(4800.0, 25.0)

@@ -143,3 +143,13 @@ def test_an_isolated_profile_leaves_the_eager_step_as_fast_as_before():
     residue = timed()
     print(f"after a profiler session in this process: {residue.median:.2f} ms ({residue.p10:.2f}-{residue.p90:.2f}), "
           f"{residue.median / before.median:.2f}x the fresh step")
+
+
+def test_a_profiled_run_may_follow_a_profiler_session():
+    _profile_something()
+    timer = timing.PhaseTimer(torch.device("cpu"), profiled=True)  # its times are reported as profiled
+    timer.start()
+    timer.mark("work")
+    assert list(timer.stop()) == ["work"]
+    with pytest.raises(timing.ProfilerResidueError):
+        timing.PhaseTimer(torch.device("cpu"))

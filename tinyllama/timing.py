@@ -137,7 +137,8 @@ class PhaseTimer:
 
     On a GPU it records a device event at every mark and reads the elapsed times after one
     synchronize at the end of the step, so the phases do not stall the queue. On the CPU it reads a
-    monotonic clock.
+    monotonic clock. It refuses to start in a process a profiler has run in (:func:`require_unprofiled`),
+    unless the run it times is itself ``profiled`` and reported as such.
 
     >>> timer = PhaseTimer(torch.device("cpu"))
     >>> timer.start(); _ = torch.ones(4).sum(); timer.mark("work")
@@ -145,8 +146,10 @@ class PhaseTimer:
     ['work']
     """
 
-    def __init__(self, device: torch.device) -> None:
-        require_unprofiled("timing with a PhaseTimer")
+    def __init__(self, device: torch.device, profiled: bool = False) -> None:
+        # A run that is itself profiled (and reported as such) may follow another profiler session.
+        if not profiled:
+            require_unprofiled("timing with a PhaseTimer")
         self.device = device
         self._use_events = device.type == "cuda"
         self._marks: list[tuple[str, object]] = []

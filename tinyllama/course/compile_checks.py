@@ -142,9 +142,10 @@ def describe_break_even(steps: float, compiled_ms: float) -> str:
     """A sentence for a measured break-even point: steps and the training time they take."""
     if math.isinf(steps):
         return "the compiled step is not faster here, so the compile never pays for itself"
-    minutes = steps * compiled_ms / 6e4
+    seconds = steps * compiled_ms / 1e3
+    duration = f"{seconds:.1f} seconds" if seconds < 60 else f"{seconds / 60:.1f} minutes"
     return (f"the compile pays for itself after {math.ceil(steps):,} steps "
-            f"(about {minutes:.1f} minutes of compiled training)")
+            f"(about {duration} of compiled training)")
 
 
 __all__ = ["BACKEND_CASES", "BREAK_EVEN_CASES", "FATES", "check_backend_reader", "check_break_even",
