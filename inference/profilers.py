@@ -17,8 +17,15 @@ import torch
 from torch import nn
 
 from inference.config import KINETO_ACTIVE, KINETO_WAIT, KINETO_WARMUP, BenchmarkError
-from tinyllama.profiling.torch_profiler import activities
 from tinyllama.records import unique_path
+
+
+def activities(device: torch.device) -> list[Any]:
+    """The profiler's activities for ``device`` (``tinyllama.profiling``'s, imported only when a profiler runs:
+    ``import inference`` loads none of the profiling package)."""
+    from tinyllama.profiling.torch_profiler import activities as for_device
+
+    return for_device(device)
 
 DEEPSPEED_MISSING = "install deepspeed: pip install deepspeed"
 TABLE_ROWS = 25

@@ -386,3 +386,14 @@ def test_compare_precisions_measures_each_precision_against_fp32():
     assert (bf16.precision, fp32.precision) == ("bf16", "fp32") and bf16.samples == 2
     assert 1e-3 < bf16.max_rel_diff <= bf16.tolerance and bf16.mean_abs_diff > 0 and bf16.passed
     assert fp32.max_rel_diff < 1e-5 and fp32.passed
+
+
+def test_importing_inference_loads_no_profiler():
+    """``import inference`` stays light: the profiling package loads only when a profiler runs."""
+    import subprocess
+    import sys
+
+    code = "import sys, inference; print(sorted(m for m in sys.modules if m.startswith('tinyllama.profiling')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
