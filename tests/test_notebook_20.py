@@ -2,6 +2,8 @@
 is run on the reference answer (it passes) and on an answer with one typical mistake (it fails, under
 WORKSHOP_STRICT=1)."""
 
+import re
+
 import pytest
 
 from notebook_exercises import SolutionExercises
@@ -59,15 +61,44 @@ def test_swiglu_mistakes_fail(notebook, mistake):
         _run(notebook, "20.1", mistake)
 
 
-@pytest.mark.parametrize("mistake", [
-    ('table["loss_change_pct"].abs() <= 100 * tolerance', 'table["loss_change_pct"] <= 100 * tolerance'),  # one-sided
-    ("<= 100 * tolerance", "<= tolerance"),  # percent compared with a fraction
-    ('table.loc[ok, "step_ms"].idxmin()', 'table.loc[ok, "step_ms"].reset_index(drop=True).idxmin()'),  # position for label
-    ("    if not ok.any():\n        return None\n", ""),  # nothing qualifies: must say so, not fail
+# Each typical mistake in the keep rule fails the check at its own case (the first one it gets wrong), so
+# the participant reads the hint written for that mistake.
+@pytest.mark.parametrize("mistake, first_failed", [
+    (('[1] == "faster"', '[1] != "slower"'),  # a band overlapping the baseline's taken as faster
+     "a candidate within noise, its median a little above the baseline's"),
+    (('faster = verdict(before, step_band(row))[1] == "faster"', 'faster = row["step_ms"] < baseline["step_ms"]'),
+     "a lower median whose band overlaps the baseline's"),  # medians compared, spreads ignored
+    (("verdict(before, step_band(row))", "verdict(step_band(row), before)"),  # the baseline second: keeps the slower
+     "a candidate faster beyond noise ="),
+    (("ran and converged and faster", "ran and faster"),  # the loss tolerance ignored
+     "a candidate faster beyond noise whose loss rose 7%"),
+    (('abs(row["loss_change_pct"])', 'row["loss_change_pct"]'),  # one-sided: a loss that fell too far kept
+     "a candidate faster beyond noise whose loss fell 9%"),
+    (("<= 100 * tolerance", "<= tolerance"),  # percent compared with a fraction
+     "a candidate faster beyond noise whose loss moved +2%"),
+    (('(best is None or row["step_ms"] < best["step_ms"])', "best is None"),  # the first that qualifies, not the fastest
+     "two candidates faster beyond noise"),
+    (("return None if best is None", 'return baseline["name"] if best is None'),  # the baseline's name instead of None
+     "only a slower candidate"),
 ])
-def test_keep_best_mistakes_fail(notebook, mistake):
-    with pytest.raises((CheckpointFailed, KeyError, ValueError)):
+def test_keep_best_mistakes_fail(notebook, mistake, first_failed):
+    with pytest.raises(CheckpointFailed, match=re.escape(f"keep_best with {first_failed}")):
         _run(notebook, "20.2", mistake)
+
+
+def test_keep_best_keeps_nothing_on_noise(notebook):
+    """A candidate a few percent faster by its median whose band overlaps the baseline's is not kept (the
+    verdict that flipped between two runs); one whose p90 is below the baseline's p10 is."""
+    namespace: dict = {}
+    exec(SETUP, namespace)
+    notebook.run("20.2", namespace, check=False)
+    keep_best, pd, STATUS_OK = namespace["keep_best"], namespace["pd"], namespace["STATUS_OK"]
+    columns = ["name", "status", "step_ms", "step_ms_p10", "step_ms_p90", "loss_change_pct"]
+    baseline = pd.Series(dict(zip(columns, ["kept", STATUS_OK, 100.0, 90.0, 115.0, 0.0])))
+    noisy = pd.DataFrame([baseline, pd.Series(dict(zip(columns, ["3% faster", STATUS_OK, 97.0, 88.0, 112.0, 0.0])))])
+    assert keep_best(noisy, baseline, 0.03) is None
+    clear = pd.DataFrame([baseline, pd.Series(dict(zip(columns, ["clear", STATUS_OK, 80.0, 78.0, 85.0, 0.0])))])
+    assert keep_best(clear, baseline, 0.03) == "clear"
 
 
 @pytest.mark.parametrize("mistake", [

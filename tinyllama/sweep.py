@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -27,6 +27,7 @@ from tinyllama.errors import BenchmarkError
 from tinyllama.memory_estimate import estimate_memory, model_layout
 from tinyllama.models import build, lm_loss
 from tinyllama.settings import autocast_context, check_precision
+from tinyllama.timing import Band
 from tinyllama.training import seed_everything
 
 STATUS_OK = "ok"
@@ -187,4 +188,12 @@ def compare_with(table: pd.DataFrame, baseline: pd.Series | dict[str, Any], refe
     return out
 
 
-__all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "compare_with", "evaluate", "run_config", "run_sweep"]
+def step_band(row: pd.Series | Mapping[str, Any]) -> Band:
+    """The step time of a sweep row (``step_ms`` and its ``step_ms_p10``/``step_ms_p90``) as the
+    :class:`~tinyllama.timing.Band` that :func:`tinyllama.timing.verdict` compares. A row that ran
+    out of memory gives a band of NaN, which no verdict calls faster or slower."""
+    return Band(float(row["step_ms"]), float(row["step_ms_p10"]), float(row["step_ms_p90"]))
+
+
+__all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "compare_with", "evaluate", "run_config", "run_sweep",
+           "step_band"]
