@@ -214,20 +214,6 @@ __all__ = ["BATCH_NORM", "CONVOLUTION", "COPY_LAYOUT", "Census", "CensusError", 
 # --------------------------------------------------------------------------------------------------
 
 
-class _Untimed:
-    """Stands in for ``PhaseTimer`` in the warm-up: the census reports no times of its own, and after the
-    first configuration's profile this process may not time (see ``tinyllama.timing``)."""
-
-    def start(self) -> None:
-        pass
-
-    def mark(self, phase: str) -> None:
-        self.phase = phase
-
-    def stop(self) -> dict[str, float]:
-        return {self.phase: float("nan")}
-
-
 def _profile_one(config: BenchmarkConfig, steps: int) -> dict[str, Any]:
     import torch
     import torch._inductor.config as inductor_config
@@ -236,6 +222,7 @@ def _profile_one(config: BenchmarkConfig, steps: int) -> dict[str, Any]:
     from inference.benchmark import _cudnn_benchmark, _Run
     from tinyllama import device as dev
     from tinyllama.profiling.torch_profiler import has_operator_ancestor, is_device_event, profile_steps, row_kind
+    from tinyllama.timing import PhaseTimer
 
     # On a CPU Inductor's generated C++ kernels run unseen unless each is wrapped in a profiler range.
     inductor_config.cpp.enable_kernel_profile = True
@@ -245,7 +232,9 @@ def _profile_one(config: BenchmarkConfig, steps: int) -> dict[str, Any]:
     try:
         run.prepare()
         with _cudnn_benchmark(device):
-            run.warm_up(_Untimed(), "")  # the first iteration is checked against fp32 eager
+            # The first iteration is checked against fp32 eager. This process profiles (each configuration
+            # after the first follows a profile), and reports no times: a profiled run's timer.
+            run.warm_up(PhaseTimer(device, profiled=True), "")
             profiled = profile_steps(run.step, device=device, wait=0, warmup=1, active=steps)
         if profiled.on_device:
             table = profiled.kernels()
