@@ -63,3 +63,18 @@ def test_host_verdict_needs_the_bands_to_separate_and_the_share_to_matter():
     assert host_verdict(Band(41.2, 41.1, 41.3), Band(40.0, 39.9, 40.1))[1] == "device-bound"
     # a replay slower than the eager step (noise or a graph's cost) is never host-bound
     assert host_verdict(Band(40.0, 39.9, 40.1), Band(44.0, 43.9, 44.1))[1] == "device-bound"
+
+
+def test_issue_verdict_calls_a_step_host_bound_only_when_the_device_finishes_right_after_the_issue():
+    from tinyllama.kernel_costs import LaunchCost
+    from tinyllama.timing import Band, issue_verdict, summarize
+
+    # Issued in 46.4 ms, finished 47.4 ms after the start: the device waited for the launches.
+    ratio, said = issue_verdict(Band(46.4, 46.0, 47.0), Band(47.4, 47.0, 48.0))
+    assert said == "host-bound" and ratio == pytest.approx(47.4 / 46.4)
+    # Finished twice as late as the issue: the device sets the pace.
+    assert issue_verdict(Band(20.0, 19.0, 21.0), Band(40.0, 39.0, 41.0))[1] == "device-bound"
+    # LaunchCost.host_bound is the same rule, not a second one.
+    host, late = summarize([10.0, 10.0]), summarize([30.0, 30.0])
+    assert LaunchCost(host, summarize([11.0, 11.0]), 1).host_bound
+    assert not LaunchCost(host, late, 1).host_bound

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tinyllama import device as dev
-from tinyllama.timing import Stats, require_unprofiled, summarize, time_callable
+from tinyllama.timing import Stats, issue_verdict, require_unprofiled, summarize, time_callable
 
 
 def rmsnorm_forward_bytes(rows: int, width: int, itemsize: int, weight_itemsize: int | None = None) -> int:
@@ -112,8 +112,9 @@ class LaunchCost:
 
     @property
     def host_bound(self) -> bool:
-        """The device finished almost as soon as the host issued the last call: the host set the pace."""
-        return self.wall_us.median < 1.25 * self.host_us.median
+        """The device finished almost as soon as the host issued the last call: the host set the pace
+        (:func:`tinyllama.timing.issue_verdict`)."""
+        return issue_verdict(self.host_us, self.wall_us)[1] == "host-bound"
 
 
 def host_us_per_call(fn: Callable[[], object], device: torch.device | str | None = None, calls: int = 200,

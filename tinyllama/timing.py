@@ -219,6 +219,21 @@ def host_verdict(eager: Stats | Band, replayed: Stats | Band) -> tuple[float, st
     return share, "host-bound" if said == "faster" and share > HOST_BOUND_SHARE else "device-bound"
 
 
+# The device finished within this factor of the host's issue time: it was waiting for the launches.
+HOST_FINISH_FACTOR = 1.25
+
+
+def issue_verdict(issued: Stats | Band, finished: Stats | Band) -> tuple[float, str]:
+    """The host-versus-device verdict where no replay exists (one call, or a step that cannot be captured):
+    how long the host took to issue the work against how long the device took to finish it, both from the
+    same start on an idle device and without a profiler. Returns ``finished / issued`` and ``"host-bound"``
+    when the device finished within :data:`HOST_FINISH_FACTOR` of the issue time (it waited for the
+    launches), else ``"device-bound"``. :func:`host_verdict` is the same question answered from an eager
+    step against its replay; use it where the step can be replayed."""
+    ratio = finished.median / issued.median
+    return ratio, "host-bound" if ratio < HOST_FINISH_FACTOR else "device-bound"
+
+
 def time_samples(fn: Callable[[], object], device: torch.device | str | None = None, warmup: int = 3,
                  repeat: int = 10, inner: int = 1, min_time_s: float = 0.0) -> list[float]:
     """Milliseconds per call of ``fn()`` on ``device``, one sample per timed repetition of ``inner``
