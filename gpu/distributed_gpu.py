@@ -1,14 +1,14 @@
-"""Data-parallel TinyLLaMA training on 1 and 2 GPUs, DDP and FSDP2, at the medium and large presets.
+"""Data-parallel TinyLLaMA training on 1, 2 and 4 GPUs (the counts the node has), DDP and FSDP2, medium and large.
 
-    PYTHONUNBUFFERED=1 python gpu/distributed_gpu.py --out $OUT     # on a node with 2 GPUs, about 4-6 minutes
+    PYTHONUNBUFFERED=1 python gpu/distributed_gpu.py --out $OUT     # on a node with 2 GPUs about 4-6 minutes, 4: 6-9
 
-For each preset it starts ``torchrun --nproc-per-node 1`` and then ``--nproc-per-node 2`` of
+For each preset it starts ``torchrun --nproc-per-node 1``, then 2 and 4 where the node has them, of
 ``tinyllama.distributed --strategy ddp fsdp`` (both strategies in the same processes, one after the
 other; the same per-GPU batch: the preset's batch on every GPU, bf16, V2 with SDPA). The scaling
-efficiency of each 2-GPU run is taken against the 1-GPU run of the same strategy
+efficiency of each multi-GPU run is taken against the 1-GPU run of the same strategy
 (``tinyllama.distributed.scaling_table``). Every rank's record is appended to ``distributed.json``; ``distributed_summary.json`` and
 ``distributed.md`` hold the table of runs (tokens/s, slowest step, peak memory per GPU, communication
-per step, scaling efficiency). Append ``distributed.json`` as a run (``tinyllama.records.run_record``, ``gpus`` the GPU count) to the record ``tinyllama/course/data/distributed.json``:
+per step within a profiled step, beside that step, never beside the unprofiled one; scaling efficiency). Append ``distributed.json`` as a run (``tinyllama.records.run_record``, ``gpus`` the GPU count) to the record ``tinyllama/course/data/distributed.json``:
 notebook 21 shows the latest such file beside its own run. With one GPU only the 1-GPU runs happen.
 """
 
@@ -80,9 +80,9 @@ def main() -> int:
     elif gpus < 1:
         print("no GPU: nothing to measure here (the CPU path is tests/test_distributed.py and notebook 21)")
         return 1
-    counts = [1, 2] if gpus >= 2 else [1]
+    counts = [k for k in (1, 2, 4) if k <= gpus]
     if gpus < 2:
-        print(f"only {gpus} GPU visible: the 2-GPU runs are skipped", flush=True)
+        print(f"only {gpus} GPU visible: the multi-GPU runs are skipped", flush=True)
     strategies = [s for s in args.strategies if s != "fsdp" or fsdp_available()]
     failures = []
     for preset in args.presets:
@@ -95,7 +95,8 @@ def main() -> int:
     records = load_json(json_file)
     table = scaling_table(records)
     columns = ["preset", "strategy", "world_size", "local_batch_size", "tokens_per_s", "slowest_step_ms",
-               "peak_memory_mib", "communication_ms", "exposed_communication_ms", "scaling_efficiency"]
+               "peak_memory_mib", "profiled_step_ms", "transfer_ms", "wait_ms", "exposed_communication_ms",
+               "scaling_efficiency"]  # communication inside its profiled step: transfer + wait (skew) <= that step
     device_name = dev.device_name("cpu" if args.device == "cpu" else None)
     summary = {"date": dt.date.today().isoformat(), "device": device_name, "gpus": gpus,
                "environment": dev.environment_summary("cpu" if args.device == "cpu" else None), "version": args.version, "options": args.option,
