@@ -120,3 +120,46 @@ def test_a_record_names_the_commit_it_ran_at(tmp_path, monkeypatch):
         assert results.read_records(tmp_path)[-1]["commit"] == "abc123def456"
     finally:
         results.course_commit.cache_clear()
+
+
+def test_spreads_are_stored_from_pairs_stats_and_bands_and_carried_by_the_table(results_env):
+    from tinyllama.timing import Band, summarize
+
+    stats = summarize([10.0, 11.0, 12.0, 13.0, 30.0])
+    results.record("17_version_comparison", {"step_ms": stats.median, "eager_ms": 20.0, "pair": np.float64(5.0),
+                                             "verdict": "device-bound"},
+                   spreads={"step_ms": stats, "eager_ms": Band(20.0, 19.0, 22.0), "pair": (np.float32(4.5), 6)},
+                   quiet=True)
+    entry = results.read_records()[0]
+    assert entry["spreads"] == {"step_ms": [stats.p10, stats.p90], "eager_ms": [19.0, 22.0], "pair": [4.5, 6.0]}
+    table = results.load_results().set_index("figure")
+    assert (table.loc["eager_ms", "spread_low"], table.loc["eager_ms", "spread_high"]) == (19.0, 22.0)
+    assert pd.isna(table.loc["verdict", "spread_low"]) and pd.isna(table.loc["verdict", "spread_high"])
+
+
+def test_records_without_spreads_or_commit_stay_readable(results_env):
+    results.record("00_environment_check", {"copy_tbs": 4.1}, quiet=True)
+    assert "spreads" not in results.read_records()[0]  # none given: the record looks as it always did
+    old = {"time": "2026-11-20T10:00:00+00:00", "notebook": "01_inference_baseline", "profile": "gpu",
+           "figures": {"throughput": 7000.0}, "environment": {"device": "NVIDIA H200"}}
+    with open(results_env / results.RESULTS_FILE, "a") as f:
+        f.write(json.dumps(old) + "\n")
+    table = results.load_results()
+    assert list(table.columns) == results.COLUMNS and len(table) == 2
+    row = table[table.figure == "throughput"].iloc[0]
+    assert row.value == 7000.0 and pd.isna(row.commit) and pd.isna(row.spread_low)
+
+
+@pytest.mark.parametrize("spreads, match", [
+    ({"missing": (1.0, 2.0)}, "not among the recorded figures"),
+    ({"verdict": (1.0, 2.0)}, "not a number"),
+    ({"step_ms": (12.0, 8.0)}, "p10 before p90"),
+    ({"step_ms": (8.0, 10.0, 12.0)}, r"give \(p10, p90\)"),
+    ({"step_ms": 0.5}, r"give \(p10, p90\)"),
+    ({"step_ms": (8.0, math.nan)}, "finite"),
+    ({"step_ms": ("8", "12")}, "must be numbers"),
+])
+def test_bad_spreads_are_refused_and_nothing_is_written(results_env, spreads, match):
+    with pytest.raises(ValueError, match=match):
+        results.record("17_version_comparison", {"step_ms": 10.0, "verdict": "host-bound"}, spreads=spreads)
+    assert not (results_env / results.RESULTS_FILE).exists()

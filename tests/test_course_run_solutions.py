@@ -1,12 +1,15 @@
 """The instructor runner executes solution notebooks in fresh kernels, keeps executed copies,
 summarises the figures recorded in the run, and fails when a notebook fails."""
 
+import json
+
 import nbformat
 import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from tinyllama.course import profile
+from tinyllama import device as dev
+from tinyllama.course import profile, reference
 from tinyllama.course import run_solutions as rs
 
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
@@ -63,10 +66,14 @@ def test_selected_notebook_runs_cleanly_and_can_store_its_outputs(solutions, tmp
     monkeypatch.setattr(rs, "registered_kernels", lambda: {"python3"})
     output = tmp_path / "run"
     code = rs.main(["--solutions", str(solutions), "--output", str(output), "--profile", "ci",
-                    "--notebooks", "00", "--update-solutions"])
+                    "--notebooks", "00", "--update-solutions", "--against"])
     assert code == 0
+    printed = capsys.readouterr().out
     assert "the Jupyter kernel 'tinyllama-workshop' is not registered here (`bash course.sh kernel` registers it): " \
-           "the notebooks run in the 'python3' kernel instead" in capsys.readouterr().out
+           "the notebooks run in the 'python3' kernel instead" in printed
+    # A bare --against compares with the solutions as they were before this run updated them: no records yet.
+    assert f"Against {solutions}:" in printed and "Notebooks without recorded figures in A: 00_ok" in printed
+    assert "Notebooks with figures in B only: 00_ok" in printed and (output / "drift.md").exists()
     assert sorted(p.name for p in output.glob("*.ipynb")) == ["00_ok.ipynb"]
     stored = nbformat.read(solutions / "00_ok.ipynb", as_version=4)
     assert stored.cells[0].outputs[-1].text.endswith("\nrecorded\n")
@@ -103,3 +110,89 @@ def test_notebooks_are_selected_by_prefix_in_course_order(solutions):
     names = lambda selectors: [p.name for p in rs.find_notebooks(solutions, selectors)]
     assert names(None) == ["00_ok.ipynb", "01_fails.ipynb"]
     assert names(["01", "00_ok.ipynb", "01_fails"]) == ["01_fails.ipynb", "00_ok.ipynb"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_against_lists_the_figures_that_moved_and_fails(solutions, tmp_path, capsys):
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    nb = new_notebook(cells=[], metadata=KERNELSPEC)
+    # The same device and profile as the run (the recording cell names no profile), one figure far off.
+    reference.attach_records(nb, [{"time": "2026-11-26T10:00:00+00:00", "notebook": "00_ok", "profile": None,
+                                   "environment": dev.environment_summary(), "commit": "0123456789ab",
+                                   "figures": {"answer": 30, "profile_seen": "ci", "strict": True}}])
+    nbformat.write(nb, stored / "00_ok.ipynb")
+    output = tmp_path / "run"
+    code = rs.main(["--solutions", str(solutions), "--output", str(output), "--profile", "ci", "--notebooks", "00",
+                    "--against", str(stored)])
+    printed = capsys.readouterr().out
+    assert code == 1, printed
+    assert "## Moved beyond their spread (1)" in printed and "| 00_ok | answer | 30 | 42 | +40.0% |" in printed
+    assert "Different commits, compared anyway: at 0123456789ab in A" in printed
+    drift_table = pd.read_csv(output / "drift.csv").set_index("figure")
+    assert drift_table.loc["answer", "status"] == "moved" and drift_table.loc["profile_seen", "status"] == "equal"
+
+
+TWICE_CELL = '''\
+import os, time
+from tinyllama.course import results
+began = time.time()
+time.sleep(4)
+results.record("00_ok", {"answer": 42, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "began": began,
+                         "ended": time.time()})'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_twice_runs_at_once_one_a_gpu_each_with_its_own_results_and_compares(tmp_path, monkeypatch, capsys):
+    # Two GPUs as the runner sees them; the child runs get the variable that shows each its own GPU.
+    directory = tmp_path / "solutions"
+    directory.mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell(TWICE_CELL)], metadata=KERNELSPEC), directory / "00_ok.ipynb")
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setattr(rs.dev, "gpu_count", lambda: 2)
+    monkeypatch.setattr(rs.dev, "visible_devices_variable", lambda: "CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(rs.dev, "visible_device_environment", lambda index: {"CUDA_VISIBLE_DEVICES": str(index)})
+    output = tmp_path / "twice"
+    code = rs.main(["--solutions", str(directory), "--output", str(output), "--profile", "ci", "--twice"])
+    printed = capsys.readouterr().out
+    assert "Two runs at once, one a GPU: a with CUDA_VISIBLE_DEVICES=0, b with CUDA_VISIBLE_DEVICES=1" in printed
+    assert "[a] ok     00_ok" in printed and "[b] ok     00_ok" in printed
+    runs = {}
+    for name in "ab":
+        # Each run kept its records in a results folder of its own, and in its executed copy.
+        lines = (output / name / "results" / "results.jsonl").read_text().splitlines()
+        [entry] = [json.loads(line) for line in lines]
+        assert entry["figures"] == reference.notebook_records(output / name / "00_ok.ipynb")[0]["figures"]
+        runs[name] = entry["figures"]
+    assert (runs["a"]["visible"], runs["b"]["visible"]) == ("0", "1")
+    assert runs["a"]["began"] < runs["b"]["ended"] and runs["b"]["began"] < runs["a"]["ended"]  # at once
+    # The one figure that differs between the runs is drift: the exit status says so.
+    assert code == 1 and "| 00_ok | visible | 0 | 1 |" in printed
+    assert pd.read_csv(output / "drift.csv").set_index("figure").loc["answer", "status"] == "within tolerance"
+
+
+def test_twice_refuses_to_update_or_compare_with_stored_solutions(solutions, capsys):
+    for extra in (["--update-solutions"], ["--against"]):
+        assert rs.main(["--solutions", str(solutions), "--profile", "ci", "--twice", *extra]) == 2
+        assert "--twice compares two fresh runs with each other" in capsys.readouterr().err
+
+
+def test_against_a_folder_without_notebooks_is_a_short_error(solutions, tmp_path, capsys):
+    assert rs.main(["--solutions", str(solutions), "--profile", "ci", "--against", str(tmp_path / "empty")]) == 2
+    assert "no notebooks in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend, variable", [("cuda", "CUDA_VISIBLE_DEVICES"), ("rocm", "HIP_VISIBLE_DEVICES")])
+def test_a_child_sees_one_gpu_through_its_vendors_variable(monkeypatch, backend, variable):
+    monkeypatch.setattr(dev, "backend", lambda: backend)
+    monkeypatch.setattr(dev, "gpu_count", lambda: 2)
+    monkeypatch.delenv(variable, raising=False)
+    assert dev.visible_device_environment(1) == {variable: "1"}
+    # This process already sees a subset: the child's value replaces it, so it names the same physical GPU.
+    monkeypatch.setenv(variable, "2, GPU-5d1c")
+    assert dev.visible_device_environment(0) == {variable: "2"}
+    assert dev.visible_device_environment(1) == {variable: "GPU-5d1c"}
+    with pytest.raises(dev.DeviceUnavailable, match="GPU 2 was asked for, but this process sees 2 GPU"):
+        dev.visible_device_environment(2)

@@ -180,6 +180,25 @@ def hide_gpus() -> None:
     os.environ[visible_devices_variable()] = ""
 
 
+def gpu_count() -> int:
+    """How many GPUs this process sees (0 on the CPU)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def visible_device_environment(index: int) -> dict[str, str]:
+    """The environment for a child process that is to see one GPU only, the ``index``-th one this process
+    sees (it becomes the child's ``cuda:0``): this back end's variable (:func:`visible_devices_variable`)
+    set to that GPU. Where this process's own variable already lists GPUs (``CUDA_VISIBLE_DEVICES=2,3``,
+    or UUIDs), the child gets the entry at ``index`` of that list, since the child's value replaces it. On
+    ROCm, ``ROCR_VISIBLE_DEVICES`` (which HIP's numbering counts within) is inherited unchanged."""
+    count = gpu_count()
+    if not 0 <= index < count:
+        raise DeviceUnavailable(f"GPU {index} was asked for, but this process sees {count} GPU(s)")
+    variable = visible_devices_variable()
+    listed = [entry.strip() for entry in os.environ.get(variable, "").split(",") if entry.strip()]
+    return {variable: listed[index] if index < len(listed) else str(index)}
+
+
 # --------------------------------------------------------------------------------------------------
 # Collective communication between processes (torch.distributed). PyTorch's "nccl" back end is NVIDIA's
 # NCCL on CUDA builds and AMD's RCCL on ROCm builds (same API, same back-end name, and RCCL reads the

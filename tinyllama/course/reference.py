@@ -13,10 +13,10 @@ so a participant's figures and the reference's line up figure by figure.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable, MutableMapping
 
-import nbformat
 import pandas as pd
 
 from tinyllama.course.results import checkout_root, records_table
@@ -49,8 +49,10 @@ def attach_records(nb: MutableMapping[str, Any], records: Iterable[dict[str, Any
 
 def notebook_records(path: str | Path) -> list[dict[str, Any]]:
     """The records stored in one solution notebook's metadata (empty when its outputs predate them)."""
-    nb = nbformat.read(Path(path), as_version=4)
-    section = nb.metadata.get(METADATA_KEY) or {}
+    # Only the metadata is needed: plain JSON, without nbformat's validation of every cell and output.
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f).get("metadata") or {}
+    section = metadata.get(METADATA_KEY) or {}
     records = section.get(RECORDS_KEY) or []
     return [dict(entry) for entry in records if isinstance(entry, dict) and isinstance(entry.get("figures"), dict)]
 

@@ -78,6 +78,43 @@ def _clean_figure(name: str, value: Any) -> Figure:
                     "booleans (one figure per name; call .item() on a tensor)")
 
 
+# A figure's p10-p90 band: a (low, high) pair, or any object with .p10 and .p90 (timing.Stats, timing.Band;
+# not imported here, so recording needs no timing code).
+SpreadLike = Any
+
+
+def spread_of(name: str, spread: SpreadLike) -> tuple[float, float]:
+    """``spread`` as a ``(low, high)`` pair of finite floats: a pair as given, or the ``p10`` and ``p90``
+    of a :class:`tinyllama.timing.Stats` or :class:`~tinyllama.timing.Band`. Raises ``ValueError`` for
+    anything else, or a band whose low end lies above its high end."""
+    if hasattr(spread, "p10") and hasattr(spread, "p90"):
+        pair: Any = (spread.p10, spread.p90)
+    elif isinstance(spread, (tuple, list)) and len(spread) == 2:
+        pair = spread
+    else:
+        raise ValueError(f"spread of {name!r} is {spread!r}: give (p10, p90) or the Stats / Band of its timing")
+    low, high = (_clean_figure(name, value) for value in pair)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+        raise ValueError(f"spread of {name!r} is {spread!r}: its two ends must be numbers")
+    if low > high:
+        raise ValueError(f"spread of {name!r} runs from {low} down to {high}: give (low, high), p10 before p90")
+    return float(low), float(high)
+
+
+def _clean_spreads(spreads: Mapping[str, SpreadLike], figures: Mapping[str, Figure]) -> dict[str, list[float]]:
+    bands: dict[str, list[float]] = {}
+    for name, spread in spreads.items():
+        name = str(name)
+        value = figures.get(name)
+        if name not in figures:
+            raise ValueError(f"spread given for {name!r}, which is not among the recorded figures "
+                             f"({', '.join(sorted(figures)) or 'none'})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"spread given for {name!r}, whose value {value!r} is not a number")
+        bands[name] = list(spread_of(name, spread))
+    return bands
+
+
 COMMIT_VARIABLE = "WORKSHOP_COMMIT"
 
 
@@ -115,18 +152,25 @@ def record(
     notes: str | None = None,
     directory: str | os.PathLike[str] | None = None,
     quiet: bool = False,
+    spreads: Mapping[str, SpreadLike] | None = None,
 ) -> Path:
     """Append one record of ``figures`` measured in ``notebook`` to the results file.
 
     The record is stamped with the date, the user, the profile, the course's commit
     (:func:`course_commit`), and
     :func:`tinyllama.device.environment_summary` (back end, device, versions). Returns the file.
+
+    ``spreads`` gives, for timed figures, the p10-p90 band of the samples behind them: a ``(low, high)``
+    pair, or the :class:`tinyllama.timing.Stats` / :class:`tinyllama.timing.Band` itself. Two runs'
+    figures then agree when their bands overlap (:mod:`tinyllama.course.drift`), not within a fixed
+    tolerance. Each name must be a numeric figure of ``figures``.
     """
     if not notebook:
         raise ValueError("name the notebook the figures come from, e.g. record('01_inference_baseline', {...})")
     if not figures:
         raise ValueError("no figures to record: pass a dict such as {'throughput_img_s': 1234.5}")
     cleaned = {str(name): _clean_figure(str(name), value) for name, value in figures.items()}
+    bands = _clean_spreads(spreads or {}, cleaned)
     entry = {
         "time": _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"),
         "notebook": notebook,
@@ -139,6 +183,8 @@ def record(
         "environment": dev.environment_summary(device),
         "figures": cleaned,
     }
+    if bands:  # absent, not empty, where none is given: records written before spreads existed look the same
+        entry["spreads"] = bands
     path = results_dir(directory) / RESULTS_FILE
     line = json.dumps(entry, sort_keys=False) + "\n"
     # One write on a file opened for appending: earlier records are never touched, and two kernels
@@ -173,13 +219,15 @@ def read_records(directory: str | os.PathLike[str] | None = None) -> list[dict[s
     return records
 
 
+# commit, spread_low and spread_high come last: records written before them read as missing values.
 COLUMNS = ["time", "notebook", "figure", "value", "profile", "backend", "device", "torch", "triton",
-           "user", "host", "run_id", "notes"]
+           "user", "host", "run_id", "notes", "commit", "spread_low", "spread_high"]
 
 
 def load_results(directory: str | os.PathLike[str] | None = None) -> pd.DataFrame:
     """All recorded figures as a long table: one row per figure, with the record's time, notebook,
-    profile, back end, device and versions. Empty (with the same columns) when nothing is recorded.
+    profile, back end, device, versions and commit, and the figure's p10-p90 spread where one was
+    recorded (``spread_low``, ``spread_high``). Empty (with the same columns) when nothing is recorded.
 
     ``df.pivot_table(index="notebook", columns="figure", values="value", aggfunc="last")`` gives the
     latest value of each figure per notebook.
@@ -192,13 +240,16 @@ def records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for entry in records:
         environment = entry.get("environment") or {}
+        spreads = entry.get("spreads") or {}
         for figure, value in entry["figures"].items():
+            low, high = spreads.get(figure) or (None, None)
             rows.append({
                 "time": entry.get("time"), "notebook": entry.get("notebook"), "figure": figure,
                 "value": value, "profile": entry.get("profile"), "backend": environment.get("backend"),
                 "device": environment.get("device"), "torch": environment.get("torch"),
                 "triton": environment.get("triton"), "user": entry.get("user"), "host": entry.get("host"),
-                "run_id": entry.get("run_id"), "notes": entry.get("notes"),
+                "run_id": entry.get("run_id"), "notes": entry.get("notes"), "commit": entry.get("commit"),
+                "spread_low": low, "spread_high": high,
             })
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["time"] = pd.to_datetime(table["time"], utc=True)

@@ -10,6 +10,13 @@ this run. Each executed copy keeps in its metadata the records its notebook appe
 ``--update-solutions`` stores the fresh outputs, with those records, in ``solutions/`` (how the reference
 outputs and figures of a GPU run are kept).
 
+Reproducibility (:mod:`tinyllama.course.drift`): ``--against [DIR]`` compares this run's figures with
+those stored in ``DIR`` (without ``DIR``: the solutions the notebooks came from, read before this run
+may update them) and lists the figures that moved beyond their spread; ``--twice`` runs the notebooks
+twice in two processes, each with its own results folder (on two GPUs at once where there are two,
+else one after the other), and compares the two runs. Drift makes the exit status 1, numbers refused
+for another device or profile 2 (``python -m tinyllama.course.drift --force`` compares them anyway).
+
 Each notebook runs in the kernel it names, the course's (``bash course.sh kernel`` registers it), or
 in ``--kernel-name``; where the course's kernel is not registered, in Jupyter's ``python3`` kernel,
 with the checkout on its ``PYTHONPATH``, and the command says so.
@@ -23,7 +30,9 @@ import datetime as _dt
 import os
 import re
 import shutil
+import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,7 +45,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from tqdm.auto import tqdm
 
-from tinyllama.course import checkpoints, reference, results
+from tinyllama import device as dev
+from tinyllama.course import checkpoints, drift, reference, results
 from tinyllama.course.jupyter_setup import KERNEL_NAME, registered_kernels
 from tinyllama.course.profile import ENV_VARIABLE as PROFILE_VARIABLE
 from tinyllama.course.profile import select_profile
@@ -177,6 +187,85 @@ def summarize(outcomes: list[Outcome], figures: pd.DataFrame, profile: str, outp
     return text
 
 
+def report_drift(before: drift.Run, after: drift.Run, output: Path) -> int:
+    """Print the drift of ``after`` against ``before``, write it to ``drift.md`` and ``drift.csv`` in
+    ``output``, and return its exit status (:attr:`tinyllama.course.drift.Drift.exit_status`)."""
+    found = drift.compare(before, after)
+    text = found.report()
+    print(text)
+    (output / "drift.md").write_text(text, encoding="utf-8")
+    found.table.to_csv(output / "drift.csv", index=False)
+    print(f"Drift report: {output / 'drift.md'} (every compared figure: {output / 'drift.csv'})")
+    return found.exit_status
+
+
+def _relay(process: subprocess.Popen[str], log: Path, name: str) -> None:
+    """Copy a child run's output into its log, echoing its one-line notebook results with its name."""
+    assert process.stdout is not None
+    with open(log, "w", encoding="utf-8") as f:
+        for line in process.stdout:
+            f.write(line)
+            if line.startswith(("ok    ", "FAILED")):
+                print(f"[{name}] {line}", end="", flush=True)
+
+
+def run_twice(arguments: list[str], output: Path, gpus: int) -> int:
+    """Run this command (``arguments``: its options without ``--twice`` and ``--output``) twice in two
+    processes, writing to ``output/a`` and ``output/b``, each with its own results folder; then compare
+    the two runs. With two GPUs or more, the runs go at once, one on each of the first two GPUs (each
+    sees only its own: :func:`tinyllama.device.visible_device_environment`); otherwise one after the
+    other. Returns the worse of the two runs' exit statuses and the drift's."""
+    runs = []
+    for index, name in enumerate("ab"):
+        folder = output / name
+        folder.mkdir(parents=True, exist_ok=True)
+        environment = {results.ENV_VARIABLE: str(results.results_dir(folder / "results")),
+                       # the child imports this checkout's package, installed or not
+                       "PYTHONPATH": os.pathsep.join(p for p in (str(results.checkout_root() or ""),
+                                                                 os.environ.get("PYTHONPATH", "")) if p)}
+        if gpus >= 2:
+            environment.update(dev.visible_device_environment(index))
+        runs.append((name, folder, environment))
+    if gpus >= 2:
+        variable = dev.visible_devices_variable()
+        print("Two runs at once, one a GPU: " + ", ".join(f"{name} with {variable}={environment[variable]}"
+                                                          for name, _, environment in runs))
+    else:
+        print(f"{'One GPU' if gpus == 1 else 'No GPU'}: the two runs go one after the other.")
+    statuses: dict[str, int] = {}
+
+    def start(name: str, folder: Path,
+              environment: dict[str, str]) -> tuple[subprocess.Popen[str], threading.Thread]:
+        command = [sys.executable, "-m", "tinyllama.course.run_solutions", *arguments, "--output", str(folder)]
+        log = output / f"{name}.log"
+        print(f"[{name}] {' '.join(command[1:])}: log in {log}", flush=True)
+        process = subprocess.Popen(command, env={**os.environ, **environment}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
+        relay = threading.Thread(target=_relay, args=(process, log, name), daemon=True)
+        relay.start()
+        return process, relay
+
+    def finish(name: str, process: subprocess.Popen[str], relay: threading.Thread) -> None:
+        statuses[name] = process.wait()
+        relay.join()
+        print(f"[{name}] finished with exit status {statuses[name]}", flush=True)
+
+    if gpus >= 2:
+        started = [(name, *start(name, folder, environment)) for name, folder, environment in runs]
+        for name, process, relay in started:
+            finish(name, process, relay)
+    else:
+        for name, folder, environment in runs:
+            finish(name, *start(name, folder, environment))
+    print()
+    try:
+        found = report_drift(drift.load_run(output / "a"), drift.load_run(output / "b"), output)
+    except FileNotFoundError as error:
+        print(f"error: no drift to compare: {error} (see the logs in {output})", file=sys.stderr)
+        return 2
+    return max([found, *statuses.values()])
+
+
 def main(argv: list[str] | None = None) -> int:
     root = results.checkout_root() or Path.cwd()
     parser = argparse.ArgumentParser(prog="python -m tinyllama.course.run_solutions",
@@ -194,8 +283,19 @@ def main(argv: list[str] | None = None) -> int:
                              f"registered, {FALLBACK_KERNEL!r})")
     parser.add_argument("--update-solutions", action="store_true",
                         help="store the outputs of notebooks that ran cleanly back into the solutions")
+    parser.add_argument("--against", nargs="?", type=Path, const=True, default=None, metavar="DIR",
+                        help="then list the figures that moved beyond their spread against the run stored in DIR "
+                             "(a solutions folder or an earlier --output); without DIR, the --solutions folder "
+                             "as it was before this run")
+    parser.add_argument("--twice", action="store_true",
+                        help="run the notebooks twice in two processes, each with its own results folder (at once "
+                             "on two GPUs where there are two, else one after the other), and list the figures "
+                             "that moved between the two runs")
     args = parser.parse_args(argv)
     try:
+        if args.twice and (args.update_solutions or args.against is not None):
+            raise ValueError("--twice compares two fresh runs with each other: run --against or "
+                             "--update-solutions separately")
         selection = select_profile(args.profile)
         notebooks = find_notebooks(args.solutions, args.notebooks)
         results_directory = results.results_dir()
@@ -203,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.kernel_name is not None and args.kernel_name not in available:
             raise ValueError(f"the Jupyter kernel {args.kernel_name!r} is not registered: choose one of "
                              f"{', '.join(sorted(available))}")
+        # Read before the run: with --update-solutions the run may overwrite the folder it is compared with.
+        against = args.solutions if args.against is True else args.against  # a bare --against: True
+        before = drift.load_run(against, [path.stem for path in notebooks]) if against is not None else None
     except (ValueError, RuntimeError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -210,6 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     run_id = f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     output = (args.output or results_directory / "instructor-runs" / f"{run_id}-{profile}").resolve()
     output.mkdir(parents=True, exist_ok=True)
+    if args.twice:
+        arguments = ["--profile", profile, "--solutions", str(args.solutions.resolve()), "--timeout",
+                     str(args.timeout), "--notebooks", *(path.stem for path in notebooks)]
+        arguments += ["--kernel-name", args.kernel_name] if args.kernel_name else []
+        print(f"Running {len(notebooks)} notebook(s) twice; both runs and their drift go to {output}")
+        try:
+            return run_twice(arguments, output, dev.gpu_count())
+        except ValueError as error:  # a results folder the checkout holds
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     print(selection.message())
     print(f"Running {len(notebooks)} notebook(s); executed copies and summary go to {output}")
 
@@ -248,9 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"{len(failed)} notebook(s) failed: {', '.join(failed)} (see the executed copies in {output})",
               file=sys.stderr)
-        return 1
-    print(f"All {len(outcomes)} notebook(s) ran cleanly.")
-    return 0
+    else:
+        print(f"All {len(outcomes)} notebook(s) ran cleanly.")
+    status = 1 if failed else 0
+    if before is not None:
+        print(f"\nAgainst {before.source}:")
+        status = max(status, report_drift(before, drift.load_run(output, [path.stem for path in notebooks]), output))
+    return status
 
 
 if __name__ == "__main__":

@@ -23,10 +23,12 @@ class Session:
     profile: Profile
     device: torch.device
 
-    def record(self, figures: Mapping[str, Any], notes: str | None = None) -> Path:
-        """Append ``figures`` to this user's results (see :func:`tinyllama.course.results.record`)."""
+    def record(self, figures: Mapping[str, Any], notes: str | None = None,
+               spreads: Mapping[str, Any] | None = None) -> Path:
+        """Append ``figures`` to this user's results, with the p10-p90 ``spreads`` of timed ones
+        (see :func:`tinyllama.course.results.record`)."""
         return results.record(self.notebook, figures, profile=self.profile.name, device=str(self.device),
-                              notes=notes)
+                              notes=notes, spreads=spreads)
 
     def finish(self, namespace: MutableMapping[str, object] | None = None) -> list[str]:
         """Free device memory at the end of the notebook; pass ``globals()`` to drop its tensors too."""
