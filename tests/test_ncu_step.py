@@ -47,3 +47,30 @@ def test_a_failing_ncu_is_reported_with_its_message(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     with pytest.raises(RuntimeError, match="ERR_NVGPUCTRPERM"):
         profile_step_with_ncu("v1", "ci", "bf16", 5, tmp_path, timeout_s=60)
+
+
+def test_the_kernels_that_take_the_time_are_selected_and_the_known_gemm_profiled_apart(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    # The known GEMM's run: the whole range, no kernel filter; the step's run: the kernel filter, the step alone.
+    _fake_ncu(bin_dir, f"""
+with open({str(calls)!r}, 'a') as f:
+    f.write(' '.join(args) + '\\n')
+part = args[args.index('--part') + 1]
+if part == 'gemm':
+    assert '--kernel-name' not in args
+else:
+    assert part == 'step' and args[args.index('--launch-count') + 1] == '7'
+    assert args[args.index('--kernel-name') + 1] == 'regex:^(cunn_SoftMaxForward|vectorized_elementwise_kernel)$'
+shutil.copy({str(DATA / 'ncu_details.csv')!r}, args[args.index('--log-file') + 1])
+""")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    kernels = ["void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)",
+               "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float *, const float *, int)"]
+    result = profile_step_with_ncu("v1", "ci", "bf16", 7, tmp_path, timeout_s=60, kernels=kernels)
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and "--part gemm" in lines[0] and "--part step" in lines[1]
+    assert result["selected"] == kernels and "regex:" in result["command"]
+    assert result["known_gemm"]["counted_flops"] == 2 * 2048**3 + 2 * 4_194_304  # the GEMM run's largest kernel
+    assert len(result["points"]) == 3  # every launch of the step's run is the step's

@@ -71,8 +71,11 @@ def test_the_exercises_and_their_order(notebook):
 def test_the_reference_answers_pass(notebook):
     namespace = _through(notebook, None)
     table = namespace["mine"].set_index("kernel")
-    # At the medium preset in bf16 the two matrix kernels lie right of the ridge, the two others left of it.
-    assert list(table["predicted_bound"]) == ["compute", "memory", "memory", "compute"]
+    # At the medium preset in bf16 (ridge 200 FLOP/byte here) the GEMM lies right of the ridge; the causal attention,
+    # credited with the triangle it computes (about 171 FLOP/byte, half the full square's 341), left of it, as the
+    # add and RMSNorm.
+    assert table.loc["attention", "intensity"] == pytest.approx(341.3 * 513 / 1024, rel=1e-3)
+    assert list(table["predicted_bound"]) == ["compute", "memory", "memory", "memory"]
 
 
 @pytest.mark.parametrize("mistake", [
@@ -90,6 +93,8 @@ def test_gemm_and_add_mistakes_fail(notebook, mistake):
 @pytest.mark.parametrize("mistake", [
     ("norm_bytes = itemsize * (2 * tokens * h + h)", "norm_bytes = itemsize * tokens * h"),  # y never written
     ("attn_flops = 2 * (2 * batch_size", "attn_flops = (2 * batch_size"),  # one product only
+    ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * seq_len"),  # the full square: the masked half counted
+    ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * (seq_len + 1) // 4"),  # a quarter of the square
     ("(2 * heads + 2 * kv_heads)", "(4 * heads)"),  # k and v with every query head (no grouped-query saving)
     ("attn_bytes = itemsize * batch_size * seq_len * head_dim",
      "attn_bytes = itemsize * batch_size * seq_len * seq_len"),  # the scores counted: not a fused kernel
@@ -98,6 +103,19 @@ def test_norm_and_attention_mistakes_fail(notebook, mistake):
     namespace = _through(notebook, "18.2")
     with pytest.raises(CheckpointFailed):
         _run(notebook, "18.2", mistake, namespace=namespace)
+
+
+def test_the_full_square_gets_its_own_hint(notebook, capsys):
+    namespace = _through(notebook, "18.2")
+    with pytest.raises(CheckpointFailed):
+        _run(notebook, "18.2", ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * seq_len"), namespace=namespace)
+    assert "The full seq x seq square" in capsys.readouterr().out
+
+
+def test_the_triangle_without_its_diagonal_is_accepted(notebook):
+    # seq^2 / 2 differs from seq (seq + 1) / 2 by 1/seq: "about half the square" is the lesson, not the diagonal.
+    namespace = _through(notebook, "18.2")
+    _run(notebook, "18.2", ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * seq_len // 2"), namespace=namespace)
 
 
 @pytest.mark.parametrize("mistake", [
@@ -148,7 +166,20 @@ def test_gemm_and_attention_flops_agree_with_pytorchs_counter():
     with FlopCounterMode(display=False) as counter:
         scores = q @ k.transpose(-1, -2)
         scores @ v
-    assert intensity.attention_work(2, 4, 4, 33, 8, 4).flops == counter.get_total_flops()
+    # Written out, the two products compute the full square (V1: the masked half is computed, then masked).
+    assert intensity.attention_work(2, 4, 4, 33, 8, 4, causal=False).flops == counter.get_total_flops()
+
+
+def test_causal_attention_work_is_what_the_roofline_credits_a_causal_kernel_with():
+    from tinyllama.profiling.attribution import count_operator_work
+
+    q, k, v = torch.randn(2, 4, 33, 8), torch.randn(2, 2, 33, 8), torch.randn(2, 2, 33, 8)
+    work = count_operator_work(
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    attention = work[work["category"] == "attention"]
+    expected = intensity.attention_work(2, 4, 2, 33, 8, 4).flops
+    assert attention["flops"].sum() == expected == 4 * 2 * 4 * (33 * 34 // 2) * 8  # the triangle with its diagonal
+    assert expected < intensity.attention_work(2, 4, 2, 33, 8, 4, causal=False).flops
 
 
 def test_model_kernels_bytes_and_the_attention_of_the_model_count():
@@ -159,10 +190,11 @@ def test_model_kernels_bytes_and_the_attention_of_the_model_count():
     tokens = batch * seq
     assert table.loc["element-wise", "bytes"] == 3 * 2 * tokens * config.hidden_dim
     assert table.loc["RMSNorm", "bytes"] == 2 * (2 * tokens * config.hidden_dim + config.hidden_dim)
-    # The same attention FLOPs as the course's model count (two products over the full square, per layer).
+    # The model count (MFU) credits attention with the full square, per layer; the fused causal kernel of the
+    # exercise does the lower triangle with its diagonal: (seq + 1) / (2 seq) of it.
     attention_per_layer = (flops.forward_flops(config, batch, seq)
                            - 2 * flops.matmul_parameters(config) * tokens) / config.num_layers
-    assert table.loc["attention", "flops"] == attention_per_layer
+    assert table.loc["attention", "flops"] == attention_per_layer * (seq + 1) / (2 * seq)
     with pytest.raises(ValueError):
         intensity.gemm_work(0, 1, 1, 2)
 

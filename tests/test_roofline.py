@@ -298,3 +298,125 @@ def test_points_of_a_real_cpu_step_are_below_their_roofs(points):
         assert _below_the_roof(frame, roofs, tolerance=1.0) == []
         timed = frame[frame["kind"] == "operator"]
         assert (timed["calls"] > 0).all()  # work only for the calls the profiler timed
+
+
+# --- the physical check on every point, bytes-only ones included; where each point's time is shown ---------------
+
+def _synthetic_points():
+    """Roofs 50 TFLOP/s fp32, 800 bf16, 3 TB/s (no datasheet): one point of each kind the check must judge."""
+    rows = [  # operator, kind, flops, bytes, time_ms, precision, flop_source
+        ("gemm above its compute roof", "operator", 8e12, 1e9, 5.0, "bf16", "flop_counter"),  # 1600 TFLOP/s
+        ("copy faster than the bandwidth", "operator", 0.0, 6e9, 0.5, "none", "none"),  # 12 TB/s: 4x
+        ("legal gemm", "operator", 8e12, 1e9, 20.0, "bf16", "flop_counter"),  # 400 TFLOP/s
+        ("legal copy", "operator", 0.0, 6e9, 2.5, "none", "none"),  # 2.4 TB/s
+        ("triton_poi_fused_add_mul_0", "fused kernel", 4e12, 3e9, 1.2, "bf16",  # a wild FLOP guess, 2.5 TB/s
+         "estimate: 2 per element (kernel name); bytes: Inductor"),
+        ("triton_poi_fused__to_copy_1", "fused kernel", 0.0, 3e9, 0.1, "bf16", "none; bytes: Inductor"),  # 30 TB/s
+        ("(time not matched to an operator)", "other", 0.0, 0.0, 0.7, "none", "none"),
+    ]
+    frame = pd.DataFrame(rows, columns=["operator", "kind", "flops", "bytes", "time_ms", "precision", "flop_source"])
+    frame["category"] = "other"
+    return frame
+
+
+ROOFS_3TBS = rl.Roofs("gpu", {"fp32": 50.0, "bf16": 800.0}, 3.0)
+
+
+def test_check_physical_judges_every_point_by_the_roof_it_can_reach():
+    flagged = rl.check_physical(_synthetic_points(), ROOFS_3TBS).set_index("operator")
+    assert set(flagged.index) == {"gemm above its compute roof", "copy faster than the bandwidth",
+                                  "triton_poi_fused__to_copy_1"}
+    assert flagged.loc["gemm above its compute roof", "check"] == "roofline"
+    assert flagged.loc["gemm above its compute roof", "roof_ratio"] == pytest.approx(2.0)
+    copy = flagged.loc["copy faster than the bandwidth"]  # bytes only: time >= bytes / bandwidth
+    assert copy["check"] == "bandwidth" and copy["roof_ratio"] == pytest.approx(4.0) and copy["tbs"] == pytest.approx(12.0)
+    assert "over-counted" in copy["why"]
+    assert flagged.loc["triton_poi_fused__to_copy_1", "roof_ratio"] == pytest.approx(10.0)
+    # The fused kernel with guessed FLOPs is judged by its bytes (2.5 TB/s: legal), not by the guess (3300 TFLOP/s).
+    assert "triton_poi_fused_add_mul_0" not in flagged.index
+    with pytest.raises(rl.AboveRoofError, match="copy faster than the bandwidth at 12 TB/s, 4x faster"):
+        rl.check_physical(_synthetic_points(), ROOFS_3TBS, strict=True)
+    # The datasheet's bandwidth is the physical limit: 4x the measured copy is still beyond 3.35 TB/s x 1.1.
+    sheet = rl.Roofs("gpu", {"fp32": 50.0, "bf16": 800.0}, 3.0, {"fp32": 67.0, "bf16": 989.4}, 3.35)
+    assert "copy faster than the bandwidth" in set(rl.check_physical(_synthetic_points(), sheet)["operator"])
+
+
+def test_placement_shares_add_up_to_the_device_time():
+    points = _synthetic_points()
+    flagged = rl.check_physical(points, ROOFS_3TBS)
+    where = rl.placement(points, flagged).set_axis(points["operator"])
+    assert where["legal gemm"] == "roofline" and where["legal copy"] == "bandwidth chart"
+    assert where["triton_poi_fused_add_mul_0"] == "bandwidth chart"  # bytes known, FLOPs a guess
+    assert where["copy faster than the bandwidth"] == "flagged: faster than its roof"
+    assert where["(time not matched to an operator)"] == "no work known"
+    table = rl.placement_summary(points, flagged).set_index("placement")
+    assert table["time_ms"].sum() == pytest.approx(points["time_ms"].sum())
+    assert table.loc["roofline", "time_ms"] == pytest.approx(20.0)
+    assert table.loc["bandwidth chart", "time_ms"] == pytest.approx(2.5 + 1.2)
+    assert table.loc["flagged: faster than its roof", "time_ms"] == pytest.approx(5.0 + 0.5 + 0.1)
+    assert table["pct"].sum() == pytest.approx(100.0)
+    assert table.loc["bandwidth chart", "fused_pct"] == pytest.approx(100 * 1.2 / 1.3)
+
+
+def test_bandwidth_chart_and_roofline_share_the_points_between_them(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = _synthetic_points()
+    points.insert(0, "label", "V4")
+    kept = points.drop(index=rl.check_physical(points, ROOFS_3TBS).index)
+    fig = rl.plot_bandwidth({"V4": kept}, ROOFS_3TBS)
+    bars = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert bars == ["V4: legal copy", "V4: triton_poi_fused_add_mul_0"]  # longest first, top down
+    assert fig.axes[0].get_xscale() == "log" and "TB/s" in fig.axes[0].get_xlabel()
+    assert rl.overlapping_labels(fig) == []
+    plt.close(fig)
+    fig = rl.plot_roofline({"V4": rl.classify(kept, ROOFS_3TBS)}, ROOFS_3TBS, tmp_path / "r.png", guessed_fused=False)
+    drawn = [t.get_text() for t in fig.axes[0].texts]
+    assert "legal gemm" in drawn and not any("triton" in t for t in drawn)
+    assert any("not on this chart" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    plt.close(fig)
+
+
+def test_top_kernels_take_the_time_of_the_step():
+    points = pd.DataFrame({"operator": ["a"], "time_ms": [1.0]})
+    points.attrs["kernels"] = [("void at::native::elementwise<1>(int)", 1.0), ("nvjet_gemm_a", 6.0), ("softmax", 2.0),
+                               ("nvjet_gemm_b", 1.0)]
+    assert rl.top_kernels(points, share=0.7) == (["nvjet_gemm_a", "softmax"], pytest.approx(0.8))
+    assert rl.top_kernels(points, share=1.0, limit=1) == (["nvjet_gemm_a"], pytest.approx(0.6))
+    assert rl.top_kernels(pd.DataFrame({"time_ms": []})) == ([], 0.0)  # no kernels recorded: a CPU
+    with pytest.raises(ValueError):
+        rl.top_kernels(points, share=0.0)
+
+
+def test_a_causal_fused_kernel_is_credited_with_the_triangle_it_computes():
+    from tinyllama.profiling.flops import causal_pairs
+
+    q, k, v = (torch.randn(2, 4, 33, 8, requires_grad=True) for _ in range(3))
+    for causal, pairs in ((True, 33 * 34 // 2), (False, 33 * 33)):
+        work = rl.count_operator_work(
+            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward())
+        by_op = work.set_index("operator")["flops"]
+        forward = by_op[[o for o in by_op.index if "attention" in o and "backward" not in o]].sum()
+        backward = by_op[[o for o in by_op.index if "attention" in o and "backward" in o]].sum()
+        assert forward == 2 * 2 * 4 * pairs * (8 + 8)  # q kᵀ and p v over the pairs computed
+        assert backward == 2 * 2 * 4 * pairs * (3 * 8 + 2 * 8)
+    assert causal_pairs(4, 4) == 10 and causal_pairs(2, 5) == 3 and causal_pairs(5, 2) == 3 + 3 * 2
+    # The model FLOPs (MFU) keep the full square whatever the kernel skips.
+    from tinyllama.profiling.flops import count_flops
+
+    assert count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)).total == \
+        2 * 2 * 4 * 33 * 33 * 16
+
+
+def test_an_operator_that_returns_its_inputs_memory_moves_no_bytes():
+    a, b = torch.randn(4, 8, 16), torch.randn(16, 5)
+    work = rl.count_operator_work(lambda: (a @ b).contiguous().add_(1.0)).set_index("operator")
+    # matmul folds the batch into rows and views the product back: _unsafe_view, an undeclared view
+    assert work.loc["aten::_unsafe_view", "bytes"] == 0
+    assert work.loc["aten::mm", "bytes"] == 4 * (32 * 16 + 16 * 5 + 32 * 5)
+    assert work.loc["aten::add_", "bytes"] == 2 * 4 * 32 * 5  # in place: read and written, it does move its bytes
+    copied = rl.count_operator_work(lambda: a.transpose(0, 1).contiguous()).set_index("operator")
+    assert copied["bytes"].sum() == 2 * 4 * a.numel()  # a real copy: read once, written once

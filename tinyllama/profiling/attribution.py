@@ -65,6 +65,16 @@ def _footprint(t: torch.Tensor) -> int:
     return elements * t.element_size()
 
 
+def _aliases(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> bool:
+    """Whether every output shares its memory with an input (a view, or the input returned as it is)."""
+    try:
+        held = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
+        return bool(outputs) and all(t.numel() and t.untyped_storage().data_ptr() in held for t in outputs) \
+            and 0 not in held  # meta and fake tensors have no memory: every pointer is 0, nothing can be told
+    except (RuntimeError, NotImplementedError, TypeError):  # tensors without storage (subclasses): not an alias
+        return False
+
+
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
@@ -116,7 +126,12 @@ class _WorkRecorder(TorchDispatchMode):
         writes = outputs or [t for schema, value in zip(func._schema.arguments, args)
                              if schema.alias_info is not None and schema.alias_info.is_write
                              for t in _tensors(value)]
-        nbytes = sum(map(_footprint, inputs)) + sum(map(_footprint, writes))
+        mutates = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+        # An output that is an input's memory (``_unsafe_view``, a view the schema does not declare, or
+        # ``contiguous`` of a contiguous tensor) moves no data: counted as traffic it would put the op beyond
+        # the bandwidth. In-place and out= operators (a written argument) do move theirs.
+        aliased = not mutates and _aliases(outputs, inputs)
+        nbytes = 0 if aliased else sum(map(_footprint, inputs)) + sum(map(_footprint, writes))
         tags = set(getattr(func, "tags", ()))
         if name.startswith(("aten::_fused_adam", "aten::_fused_sgd")):
             flops, source = _ADAM_FLOPS_PER_PARAM * sum(t.numel() for t in _tensors(args[0])), "estimate: 16 per parameter"
@@ -160,7 +175,8 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 
 def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
     """Run ``fn()`` once and return, per ATen operator: ``operator``, ``category``, ``calls``,
-    ``flops`` (counted by ``FlopCounterMode`` where it has a formula, else estimated), ``flop_source``,
+    ``flops`` (counted by ``FlopCounterMode`` where it has a formula, else estimated; a fused attention kernel
+    called with ``is_causal`` over the lower triangle it computes: :func:`flops.causal_pairs`), ``flop_source``,
     ``bytes`` (inputs read once + outputs written once) and ``precision`` (of its floating inputs;
     ``tf32`` for fp32 matmuls and convolutions on a GPU with TF32 allowed: :func:`allows_tf32`).
 
@@ -169,7 +185,8 @@ def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
     to give each operator the work of the calls the profiler timed."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    extra = cpu_attention_formulas(gpu_kernels=True)
+    # Executed FLOPs: a causal fused kernel is credited with the triangle it computes, not the masked half it skips.
+    extra = cpu_attention_formulas(gpu_kernels=True, causal=True)
     counter = FlopCounterMode(display=False, custom_mapping=extra) if extra else FlopCounterMode(display=False)
     recorder = _WorkRecorder(getattr(counter, "flop_registry", None))
     with counter, recorder:

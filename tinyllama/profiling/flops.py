@@ -21,7 +21,10 @@ Where they differ, and why (:func:`compare_counts` shows it module by module):
    releases report 0 attention FLOPs on a CPU (:func:`torch_counts_cpu_attention` tells which).
    ``count_flops(..., cpu_attention=True)`` supplies the formula either way.
 4. Both count the full seq x seq square even for causal attention, where a flash kernel skips about
-   half of it: for a causal flash kernel these are model FLOPs, not executed FLOPs.
+   half of it: for a causal flash kernel these are model FLOPs, not executed FLOPs. The roofline needs
+   executed FLOPs: :func:`cpu_attention_formulas` with ``causal=True`` counts a fused kernel called
+   with ``is_causal`` over the lower triangle with its diagonal (:func:`causal_pairs`), the work a
+   kernel that skips the masked tiles must still do.
 5. DeepSpeed sees only calls that go through the functions it patches: operators called from
    compiled graphs (``torch.compile``) or from C++ are invisible to it. Profile the eager model.
 """
@@ -152,24 +155,54 @@ def deepspeed_profile(
 # --------------------------------------------------------------------------------------------------
 
 
-def _attention_forward_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int]) -> int:
-    """q kᵀ and p v over the full square: 2 FLOPs per multiply-add, query heads (GQA broadcasts K/V)."""
+def causal_pairs(s_q: int, s_k: int) -> int:
+    """Query-key pairs a causal attention computes: the lower triangle of the ``s_q x s_k`` score matrix
+    with its diagonal (query ``i`` sees keys ``0..i``; PyTorch's ``is_causal`` aligns the mask top-left),
+    ``s (s + 1) / 2`` for a square one. A fused (flash) kernel skips the tiles above the diagonal, so
+    this, not ``s_q x s_k``, is the work it does."""
+    if s_q <= s_k:
+        return s_q * (s_q + 1) // 2
+    return s_k * (s_k + 1) // 2 + (s_q - s_k) * s_k
+
+
+def _pairs(s_q: int, s_k: int, causal: bool) -> int:
+    return causal_pairs(s_q, s_k) if causal else s_q * s_k
+
+
+def _attention_forward_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], causal: bool = False) -> int:
+    """q kᵀ and p v: 2 FLOPs per multiply-add, query heads (GQA broadcasts K/V), over the full square or,
+    ``causal``, over the lower triangle (:func:`causal_pairs`)."""
     *batch, s_q, d = q
     s_k, d_v = k[-2], v[-1]
     heads = 1
     for n in batch:
         heads *= n
-    return 2 * heads * s_q * s_k * d + 2 * heads * s_q * s_k * d_v
+    return 2 * heads * _pairs(s_q, s_k, causal) * (d + d_v)
 
 
-def _attention_backward_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int]) -> int:
-    """Recomputed scores, then the gradients of p v (two products) and of q kᵀ (two products)."""
+def _attention_backward_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], causal: bool = False) -> int:
+    """Recomputed scores, then the gradients of p v (two products) and of q kᵀ (two products), over the
+    same pairs as the forward."""
     *batch, s_q, d = q
     s_k, d_v = k[-2], v[-1]
     heads = 1
     for n in batch:
         heads *= n
-    return 2 * heads * s_q * s_k * (3 * d + 2 * d_v)
+    return 2 * heads * _pairs(s_q, s_k, causal) * (3 * d + 2 * d_v)
+
+
+def _is_causal(schema: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """The ``is_causal`` argument of one call of an attention kernel with this ``schema`` (positional or
+    keyword; its default when the call left it out)."""
+    for i, argument in enumerate(schema.arguments):
+        if argument.name != "is_causal":
+            continue
+        if argument.name in kwargs:
+            return bool(kwargs[argument.name])
+        if i < len(args) and not argument.kwarg_only:
+            return bool(args[i])
+        return bool(argument.default_value) if argument.has_default_value() else False
+    return False
 
 
 def torch_counts_cpu_attention() -> bool:
@@ -181,13 +214,18 @@ def torch_counts_cpu_attention() -> bool:
     return kernel is not None and (kernel in flop_registry or kernel.default in flop_registry)
 
 
-def cpu_attention_formulas(gpu_kernels: bool = False) -> dict[Any, Callable[..., int]]:
+def cpu_attention_formulas(gpu_kernels: bool = False, causal: bool = False) -> dict[Any, Callable[..., int]]:
     """FLOP formulas for the CPU flash-attention kernels, which ``FlopCounterMode`` lacks; pass as its
     ``custom_mapping``. Empty where this torch has no such kernels.
 
     ``gpu_kernels`` also maps the CUDA/ROCm SDPA kernels (flash, memory-efficient, cuDNN) to the same
     formulas, which read the query's heads: older torch releases' own formulas assert that keys and
     values have as many heads as queries, which grouped-query attention (``enable_gqa``) breaks.
+
+    ``causal``: a call with ``is_causal=True`` counts the lower triangle of the scores with its diagonal
+    (:func:`causal_pairs`), the work a fused kernel that skips the masked tiles does (executed FLOPs, for
+    a roofline); without it every call counts the full square (the model-FLOPs convention of
+    :mod:`tinyllama.flops`, which MFU uses, and what DeepSpeed counts).
     """
     aten = torch.ops.aten
     forward = ["_scaled_dot_product_flash_attention_for_cpu"]
@@ -197,15 +235,25 @@ def cpu_attention_formulas(gpu_kernels: bool = False) -> dict[Any, Callable[...,
             forward.append(f"_scaled_dot_product_{kind}_attention")
             backward.append(f"_scaled_dot_product_{kind}_attention_backward")
     formulas: dict[Any, Callable[..., int]] = {}
-    for name in forward:
+    for name in forward + backward:
         if hasattr(aten, name):
-            formulas[getattr(aten, name)] = (
-                lambda q, k, v, *args, out_shape=None, **kwargs: _attention_forward_flops(q, k, v))
-    for name in backward:
-        if hasattr(aten, name):
-            formulas[getattr(aten, name)] = (
-                lambda grad, q, k, v, *args, out_shape=None, **kwargs: _attention_backward_flops(q, k, v))
+            packet = getattr(aten, name)
+            formulas[packet] = _attention_formula(packet.default._schema, name in backward, causal)
     return formulas
+
+
+def _attention_formula(schema: Any, backward: bool, causal: bool) -> Callable[..., int]:
+    """One kernel's formula, in ``FlopCounterMode``'s calling convention (the call's arguments, tensors
+    as their shapes); ``causal`` reads the call's ``is_causal`` from ``schema``."""
+
+    def formula(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        skip = 1 if backward else 0  # a backward's first argument is the gradient of the output
+        q, k, v = args[skip:skip + 3]
+        is_causal = causal and _is_causal(schema, args, kwargs)
+        count = _attention_backward_flops if backward else _attention_forward_flops
+        return count(q, k, v, is_causal)
+
+    return formula
 
 
 @dataclass

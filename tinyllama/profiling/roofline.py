@@ -6,8 +6,11 @@ copy) and drawn next to the datasheet peaks (``tinyllama.device``). Each operato
 FLOPs, bytes and device time per operator come from :mod:`tinyllama.profiling.attribution` (work and
 time of the same calls; the fused kernels of a compiled model as points of their own).
 
-A point above its roof is an attribution error, not a fast kernel: :func:`check_physical` finds them,
-and :func:`plot_roofline` refuses to draw them.
+A point beyond its roof is an attribution error, not a fast kernel: :func:`check_physical` finds them
+among every point (a point with FLOPs against the roof at its intensity, one with bytes only against the
+bandwidth), and :func:`plot_roofline` refuses to draw them. Points the roofline cannot place (bytes only,
+or a fused kernel whose FLOPs would be a guess) go on a bandwidth chart (:func:`plot_bandwidth`);
+:func:`placement_summary` says how much of the device time each chart shows.
 
 From these: arithmetic intensity (FLOP/byte), achieved TFLOP/s, the roof that bounds it (memory or
 compute), the attainable rate there, and the time above the roof: where the remaining time sits.
@@ -89,31 +92,8 @@ def measure_roofs(
 
 
 # --------------------------------------------------------------------------------------------------
-# Work per operator
-# --------------------------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --------------------------------------------------------------------------------------------------
 # Points
 # --------------------------------------------------------------------------------------------------
-
 
 
 def classify(points: pd.DataFrame, roofs: Roofs) -> pd.DataFrame:
@@ -140,16 +120,6 @@ def classify(points: pd.DataFrame, roofs: Roofs) -> pd.DataFrame:
     return p
 
 
-
-
-
-
-
-
-
-
-
-
 def _compute_roofs(points: pd.DataFrame, roofs: Roofs) -> list[float]:
     """The compute roof of each point: its precision's matmul rate for work counted by ``flop_counter``
     (matmuls, attention: tensor cores), fp32's for the rest (element-wise work runs on the vector units)."""
@@ -174,30 +144,72 @@ class AboveRoofWarning(UserWarning):
     """Points above their roof were left out of a plot."""
 
 
+def on_roofline(points: pd.DataFrame) -> pd.Series:
+    """Which points the roofline can place: FLOPs and bytes both known, and the FLOPs not guessed from a
+    fused kernel's name (an Inductor kernel's FLOPs are Inductor's own count only for templates; for the
+    rest they are one per element per operator its name lists, which would set its intensity by a guess:
+    such kernels are read by their bytes, on the bandwidth chart, :func:`on_bandwidth_chart`)."""
+    source = points.get("flop_source", pd.Series("", index=points.index)).astype(str)
+    kind = points.get("kind", pd.Series("", index=points.index)).astype(str)
+    guessed = (kind == "fused kernel") & source.str.startswith("estimate")
+    return (points["flops"] > 0) & (points["bytes"] > 0) & (points["time_ms"] > 0) & ~guessed
+
+
+def on_bandwidth_chart(points: pd.DataFrame) -> pd.Series:
+    """The points with bytes and time that the roofline cannot place (no FLOPs, or a fused kernel's guessed
+    FLOPs): their achieved bandwidth (bytes / time) against the bandwidth roof is what bounds them."""
+    return (points["bytes"] > 0) & (points["time_ms"] > 0) & ~on_roofline(points)
+
+
+# Why a point lands beyond its roof, by what it is: the likely mistakes of the accounting.
+_WHY_BYTES = ("its bytes are over-counted (a view, an alias or an in-place write counted as traffic, a broadcast "
+              "input counted in full) or its kernels' time went to another operator")
+_WHY_WORK = ("its work belongs to more calls than its time (a kernel booked to another operator), or its bytes were "
+             "read from a cache faster than the memory the roof was measured on (a few tens of percent at most)")
+
+
 def check_physical(points: pd.DataFrame, roofs: Roofs, tolerance: float = ROOF_TOLERANCE, *,
                    strict: bool = False) -> pd.DataFrame:
-    """The points whose achieved rate exceeds the attainable one, ``min(compute roof of their precision,
-    bandwidth x intensity)``, by more than ``tolerance`` (a fraction: see :data:`ROOF_TOLERANCE`): no
-    kernel can run there, so their FLOPs, bytes or time were attributed wrongly. Each roof is the higher
-    of the measured one and the datasheet's (where known): the measured roofs are what one benchmark
-    reached, and a kernel may beat them (a read-mostly kernel beats a copy); the datasheet it cannot. Returns those rows
-    with ``attainable_tflops`` and ``roof_ratio`` (achieved / attainable); empty when every point is
-    physically possible. ``strict`` raises :class:`AboveRoofError` naming them instead.
+    """Every point with time and work that runs faster than physics allows: its time is shorter than
+    ``max(FLOPs / compute roof, bytes / bandwidth)`` by more than ``tolerance`` (a fraction: see
+    :data:`ROOF_TOLERANCE`), so its FLOPs, bytes or time were attributed wrongly.
 
-    Points without FLOPs, bytes or time are not on the plot and are not checked."""
+    - a point with FLOPs and bytes (:func:`on_roofline`) against the roof at its intensity:
+      ``min(compute roof of its precision, bandwidth x intensity)``;
+    - a point with bytes only, or a fused kernel whose FLOPs are a guess (:func:`on_bandwidth_chart`),
+      against the bandwidth: ``time >= bytes / bandwidth``;
+    - a point with FLOPs and no bytes against its compute roof.
+
+    Each roof is the higher of the measured one and the datasheet's (where known): the measured roofs are
+    what one benchmark reached, and a kernel may beat them (a read-mostly kernel beats a copy); the datasheet
+    it cannot. Returns those rows, the worst first, with ``check`` (``roofline``, ``bandwidth`` or
+    ``compute``), ``tflops`` and ``tbs`` achieved, ``attainable_tflops`` (NaN for a bandwidth check),
+    ``roof_ratio`` (how many times faster than the roof allows) and ``why`` (the likely mistake); empty when
+    every point is physically possible. ``strict`` raises :class:`AboveRoofError` naming them instead.
+
+    Points with time but neither FLOPs nor bytes cannot be checked (nor placed)."""
     p = points.copy()
-    ok = (p["flops"] > 0) & (p["bytes"] > 0) & (p["time_ms"] > 0)
-    p = p[ok]
+    p = p[(p["time_ms"] > 0) & ((p["flops"] > 0) | (p["bytes"] > 0))]
+    columns = {"check": pd.Series(dtype=str), "tflops": pd.Series(dtype=float), "tbs": pd.Series(dtype=float),
+               "intensity": pd.Series(dtype=float), "attainable_tflops": pd.Series(dtype=float),
+               "roof_ratio": pd.Series(dtype=float), "why": pd.Series(dtype=str)}
     if p.empty:
-        return p.assign(attainable_tflops=pd.Series(dtype=float), roof_ratio=pd.Series(dtype=float))
-    achieved = p["flops"] / (p["time_ms"] / 1e3) / 1e12
-    intensity = p["flops"] / p["bytes"]
+        return p.assign(**columns)
+    seconds = p["time_ms"] / 1e3
+    placed, bandwidth = on_roofline(p), on_bandwidth_chart(p)
+    p["check"] = ["roofline" if r else "bandwidth" if b else "compute" for r, b in zip(placed, bandwidth)]
     peaks = Roofs(roofs.device, {k: max(v, roofs.datasheet_tflops.get(k) or 0.0) for k, v in roofs.compute_tflops.items()},
                   max(roofs.bandwidth_tbs, roofs.datasheet_tbs or 0.0))
-    attainable = pd.concat([pd.Series(_compute_roofs(p, peaks), index=p.index), intensity * peaks.bandwidth_tbs],
-                           axis=1).min(axis=1)
-    p["tflops"], p["intensity"], p["attainable_tflops"] = achieved, intensity, attainable
-    p["roof_ratio"] = achieved / attainable
+    compute = pd.Series(_compute_roofs(p, peaks), index=p.index)
+    flops = p["flops"].where(p["check"] != "bandwidth", 0.0)  # a guessed FLOP count is not evidence
+    least_s = pd.concat([flops / (compute * 1e12), p["bytes"] / (peaks.bandwidth_tbs * 1e12)], axis=1).max(axis=1)
+    p["tflops"] = p["flops"] / seconds / 1e12
+    p["tbs"] = p["bytes"] / seconds / 1e12
+    p["intensity"] = (p["flops"] / p["bytes"].where(p["bytes"] > 0)).where(placed)
+    p["attainable_tflops"] = pd.concat([compute, p["intensity"] * peaks.bandwidth_tbs], axis=1).min(axis=1).where(
+        p["check"] != "bandwidth")
+    p["roof_ratio"] = least_s / seconds
+    p["why"] = [_WHY_BYTES if c == "bandwidth" else _WHY_WORK for c in p["check"]]
     above = p[p["roof_ratio"] > 1.0 + tolerance].sort_values("roof_ratio", ascending=False)
     if strict and len(above):
         raise AboveRoofError(f"{len(above)} point(s) above the roof by more than {tolerance:.0%}: "
@@ -207,9 +219,44 @@ def check_physical(points: pd.DataFrame, roofs: Roofs, tolerance: float = ROOF_T
 
 def _describe(above: pd.DataFrame) -> str:
     label = above["label"] if "label" in above else pd.Series("", index=above.index)
-    return "; ".join(f"{(lab + ': ') if lab else ''}{op} at {t:.3g} TFLOP/s, {r:.3g}x its roof {a:.3g}"
-                     for lab, op, t, r, a in zip(label, above["operator"], above["tflops"], above["roof_ratio"],
-                                                 above["attainable_tflops"]))
+    check = above["check"] if "check" in above else pd.Series("roofline", index=above.index)
+    parts = []
+    for lab, op, c, t, b, r, a in zip(label, above["operator"], check, above["tflops"], above["tbs"],
+                                      above["roof_ratio"], above["attainable_tflops"]):
+        rate = (f"{t:.3g} TFLOP/s, {r:.3g}x its roof {a:.3g}" if c != "bandwidth" else
+                f"{b:.3g} TB/s, {r:.3g}x faster than the bandwidth allows")
+        parts.append(f"{(lab + ': ') if lab else ''}{op} at {rate}")
+    return "; ".join(parts)
+
+
+PLACEMENTS = ("roofline", "bandwidth chart", "flagged: faster than its roof", "no work known")
+
+
+def placement(points: pd.DataFrame, flagged: pd.DataFrame | None = None) -> pd.Series:
+    """Where each point's time is shown: ``roofline`` (:func:`on_roofline`), ``bandwidth chart``
+    (:func:`on_bandwidth_chart`), ``flagged: faster than its roof`` (rows of ``flagged``, the result of
+    :func:`check_physical`: drawn nowhere) or ``no work known`` (time without FLOPs or bytes)."""
+    where = pd.Series(PLACEMENTS[3], index=points.index)
+    where[on_bandwidth_chart(points)] = PLACEMENTS[1]
+    where[on_roofline(points)] = PLACEMENTS[0]
+    if flagged is not None and len(flagged):
+        where[where.index.isin(flagged.index)] = PLACEMENTS[2]
+    return where
+
+
+def placement_summary(points: pd.DataFrame, flagged: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Device time per step by :func:`placement`: ``time_ms`` and ``pct`` of the device time, and the same
+    for the fused kernels of a compiled model alone (``fused_ms``, ``fused_pct`` of their time)."""
+    where = placement(points, flagged)
+    kind = points.get("kind", pd.Series("", index=points.index)).astype(str)
+    fused = kind == "fused kernel"
+    total, fused_total = points["time_ms"].sum(), points.loc[fused, "time_ms"].sum()
+    rows = []
+    for name in PLACEMENTS:
+        ms, fused_ms = points.loc[where == name, "time_ms"].sum(), points.loc[(where == name) & fused, "time_ms"].sum()
+        rows.append({"placement": name, "time_ms": ms, "pct": 100.0 * ms / total if total else 0.0,
+                     "fused_ms": fused_ms, "fused_pct": 100.0 * fused_ms / fused_total if fused_total else float("nan")})
+    return pd.DataFrame(rows)
 
 
 def operator_points(work: pd.DataFrame, run: ProfileRun, roofs: Roofs, label: str = "",
@@ -243,7 +290,30 @@ def roofline_points(
     dev.synchronize(device)
     work = count_operator_work(count_fn or step_fn)
     run = profile_steps(step_fn, device=device, wait=0, warmup=warmup, active=active, record_shapes=True)
-    return operator_points(work, run, roofs, label, by_shape=by_shape)
+    points = operator_points(work, run, roofs, label, by_shape=by_shape)
+    kernels = run.kernels() if run.on_device else None
+    # The step's device kernels, longest first (name, ms per step): which ones a vendor profiler should
+    # read (:func:`top_kernels`). Plain tuples: pandas compares attrs when it concatenates frames.
+    points.attrs["kernels"] = [] if kernels is None else [
+        (str(k), float(ns) / 1e6 / max(run.steps, 1)) for k, ns in zip(kernels["kernel"], kernels["total_ns"])]
+    return points
+
+
+def top_kernels(points: pd.DataFrame, share: float = 0.8, limit: int = 6) -> tuple[list[str], float]:
+    """The device kernels that take the time of the step that :func:`roofline_points` profiled: the
+    longest first, until they hold ``share`` of the device time or ``limit`` of them are taken. Returns
+    their names and the share of the device time they hold (0 where no kernels were recorded: a CPU)."""
+    if not 0 < share <= 1 or limit < 1:
+        raise ValueError("share must be in (0, 1] and limit at least 1")
+    kernels = sorted(points.attrs.get("kernels", []), key=lambda k: -k[1])
+    total = sum(ms for _, ms in kernels)
+    names, held = [], 0.0
+    for name, ms in kernels:
+        if len(names) == limit or (total and held / total >= share):
+            break
+        names.append(name)
+        held += ms
+    return names, (held / total if total else 0.0)
 
 
 def kernel_points(kernels: pd.DataFrame, roofs: Roofs, label: str = "", precision: str = "bf16") -> pd.DataFrame:
@@ -301,7 +371,7 @@ _STYLES = [("tab:red", "o"), ("tab:blue", "s"), ("tab:green", "^"), ("tab:purple
 def plot_roofline(
     points: pd.DataFrame | Mapping[str, pd.DataFrame], roofs: Roofs, path: str | Path | None = None, *,
     top: int = 6, title: str = "", arrows: bool = True, tolerance: float = ROOF_TOLERANCE, strict: bool = False,
-    ax: Any = None, label_width: int = 30,
+    ax: Any = None, label_width: int = 30, guessed_fused: bool = True,
 ) -> Any:
     """A log-log roofline: measured roofs (solid) and datasheet peaks (dashed), each version's operators
     as points sized by their share of the step time, the ``top`` operators of each labelled, and arrows
@@ -315,7 +385,9 @@ def plot_roofline(
 
     ``ax`` draws into those axes (a panel of a larger figure) instead of a new figure. Labels are moved
     apart until none overlaps another or the legend (:func:`overlapping_labels` lists any left); a label
-    longer than ``label_width`` characters is cut."""
+    longer than ``label_width`` characters is cut. ``guessed_fused=False`` leaves out the fused kernels
+    whose FLOPs are guessed from their name (:func:`on_roofline`; draw them with :func:`plot_bandwidth`),
+    and the legend then says how much time is not on this chart."""
     import matplotlib
 
     if path is not None:
@@ -327,7 +399,8 @@ def plot_roofline(
         str(label): frame for label, frame in points.groupby("label", sort=False)}
     if not versions:
         raise ValueError("no points to plot: pass the DataFrame of roofline_points() or a dict of them")
-    placeable = {k: v[(v["flops"] > 0) & (v["bytes"] > 0) & (v["time_ms"] > 0)] for k, v in versions.items()}
+    placeable = {k: v[on_roofline(v) if not guessed_fused else (v["flops"] > 0) & (v["bytes"] > 0) & (v["time_ms"] > 0)]
+                 for k, v in versions.items()}
     excluded: dict[str, pd.DataFrame] = {}
     for k, v in placeable.items():
         above = check_physical(v.assign(label=k), roofs, tolerance, strict=strict)
@@ -370,7 +443,8 @@ def plot_roofline(
         markers.append((frame["intensity"].to_numpy(), frame["tflops"].to_numpy(), (20 + 900 * share).to_numpy()))
         ax.scatter(frame["intensity"], frame["tflops"], s=20 + 900 * share, color=color, marker=marker, alpha=0.6,
                    edgecolor="black", linewidth=0.5,
-                   label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% not placeable{dropped})")
+                   label=f"{label}: {total:,.1f} ms/step ({100 * hidden / total if total else 0:.0f}% "
+                         f"{'not placeable' if guessed_fused else 'not on this chart'}{dropped})")
         for _, row in frame.nlargest(top, "time_ms").iterrows():
             name = row["operator"].replace("aten::", "")
             short = name if len(name) <= label_width else name[: label_width - 3] + "..."
@@ -405,6 +479,49 @@ def plot_roofline(
     _separate_labels(fig, fixed, movable, legend, ax, markers)
     if path is not None:
         fig.savefig(path, dpi=130)
+    return fig
+
+
+def plot_bandwidth(points: Mapping[str, pd.DataFrame], roofs: Roofs, *, ax: Any = None, top: int = 8,
+                   title: str = "", label_width: int = 34) -> Any:
+    """The bandwidth chart beside the roofline: each version's points that the roofline cannot place
+    (:func:`on_bandwidth_chart`: bytes only, or a fused kernel whose FLOPs would be a guess) as horizontal
+    bars of their achieved bandwidth (bytes / time, TB/s, log scale), the ``top`` longest of each version,
+    against the measured copy bandwidth (solid) and the datasheet's (dashed). A bar's label gives the
+    point's time per step. Pass the points that :func:`check_physical` left (a point beyond the
+    bandwidth is an accounting error, not a fast kernel). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for (label, frame), (color, _) in zip(points.items(), _STYLES):
+        chosen = frame[on_bandwidth_chart(frame)].nlargest(top, "time_ms")
+        rows += [(label, color, r["operator"], r["bytes"] / (r["time_ms"] / 1e3) / 1e12, r["time_ms"])
+                 for _, r in chosen.iterrows()]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 0.9 + 0.32 * max(len(rows), 1)))
+    else:
+        fig = ax.figure
+    if not rows:
+        ax.text(0.5, 0.5, "no bytes-only or fused kernels to show", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    names = [f"{lab}: {op.replace('aten::', '')}" for lab, _, op, _, _ in rows]
+    names = [n if len(n) <= label_width else n[: label_width - 3] + "..." for n in names]
+    y = list(range(len(rows)))[::-1]
+    ax.barh(y, [r[3] for r in rows], color=[r[1] for r in rows], alpha=0.7, edgecolor="black", linewidth=0.5)
+    ax.set_yticks(y, names, fontsize=7)
+    ax.axvline(roofs.bandwidth_tbs, color="black", lw=1.5, label=f"measured copy {_rate(roofs.bandwidth_tbs, 'B/s')}")
+    if roofs.datasheet_tbs:
+        ax.axvline(roofs.datasheet_tbs, color="gray", ls="--", lw=1.0, label=f"datasheet {_rate(roofs.datasheet_tbs, 'B/s')}")
+    for yi, r in zip(y, rows):
+        ax.annotate(f"{r[4]:.3g} ms", (r[3], yi), textcoords="offset points", xytext=(3, -3), fontsize=7)
+    rates = [r[3] for r in rows] + [roofs.bandwidth_tbs]
+    ax.set_xscale("log")
+    ax.set_xlim(min(rates) / 3, max(rates + [roofs.datasheet_tbs or 0.0]) * 6)
+    ax.set_xlabel("achieved bandwidth (TB/s, bytes read + written / time)")
+    ax.set_title(title or f"Bytes-only and fused kernels against the bandwidth of {roofs.device}", fontsize=9)
+    ax.grid(axis="x", which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")
     return fig
 
 
