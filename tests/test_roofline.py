@@ -1,5 +1,6 @@
 """Roofline: measured roofs, work per operator, points, classification and the plot."""
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -420,3 +421,31 @@ def test_an_operator_that_returns_its_inputs_memory_moves_no_bytes():
     assert work.loc["aten::add_", "bytes"] == 2 * 4 * 32 * 5  # in place: read and written, it does move its bytes
     copied = rl.count_operator_work(lambda: a.transpose(0, 1).contiguous()).set_index("operator")
     assert copied["bytes"].sum() == 2 * 4 * a.numel()  # a real copy: read once, written once
+
+
+def test_bandwidth_chart_of_two_full_versions_keeps_its_labels_apart(tmp_path):
+    # Sixteen bars, the lowest ones close to the copy bandwidth: where the legend sat inside the axes
+    # (lower right), their labels ran into it.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def version(label: str, scale: float) -> pd.DataFrame:
+        rows = [{"operator": f"triton_poi_fused_{label}_{i}", "category": "element-wise", "flops": 0.0,
+                 "bytes": 2.9e12 * (0.2 + 0.1 * i) * 1e-3 * scale, "time_ms": (0.2 + 0.1 * i) * scale}
+                for i in range(7)]
+        # a tiny operator far below the bandwidth stretches the log axis: the others end near its right edge
+        if label == "v1":
+            rows.append({"operator": "ones_like", "category": "element-wise", "flops": 0.0, "bytes": 8.0,
+                         "time_ms": 0.001})
+        return pd.DataFrame(rows)
+
+    points = {"V1": version("v1", 1.0), "V4": version("v4", 0.5)}
+    roofs = dataclasses.replace(ROOFS_3TBS, datasheet_tbs=3.35)  # two roof lines: a legend of two rows
+    fig = rl.plot_bandwidth(points, roofs, top=8)
+    fig.tight_layout()
+    assert len(fig.axes[0].get_yticklabels()) == 15
+    assert rl.overlapping_labels(fig) == []
+    fig.savefig(tmp_path / "bandwidth.png")
+    plt.close(fig)

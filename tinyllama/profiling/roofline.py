@@ -521,7 +521,8 @@ def plot_bandwidth(points: Mapping[str, pd.DataFrame], roofs: Roofs, *, ax: Any 
     ax.set_xlabel("achieved bandwidth (TB/s, bytes read + written / time)")
     ax.set_title(title or f"Bytes-only and fused kernels against the bandwidth of {roofs.device}", fontsize=9)
     ax.grid(axis="x", which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="lower right")
+    # Outside the axes, to the right: inside, a bar ending at the bottom right would run its label into it.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
 
 
