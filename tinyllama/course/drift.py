@@ -75,6 +75,13 @@ LABELS: tuple[Label, ...] = (
     # 01: the very first batch pays cuDNN's autotuning, the allocator's growth and lazy initialisation.
     Label("01_*", "first_iteration_ms", "first batch: one-time set-up work on the host (autotuning, allocation, "
                                         "lazy initialisation)"),
+    Label("01_*", "flat_until_batch_size", "where the launch-bound region ends: set by the host's issue time per "
+                                           "batch (7.2 and 4.5 ms on two H200 hosts, 2026-11-26/27)"),
+    Label("01_*", "*_spread_pct", "the p10-p90 spread of a timing: the run-to-run noise itself"),
+    # 04's batch-1 forward is launch-bound (the notebook shows it): its rate follows the host.
+    Label("04_*", "*_batch1", "the batch-1 forward is launch-bound: its time is the host's"),
+    # 15's V3 steps are host-bound by the notebook's own verdict (the device finishes 1.03x after the host issues).
+    Label("15_*", "*_step_ms", "eager V3 step, host-bound by the notebook's own verdict: the host's issue time"),
     # 03 and 07 set host time against device time, with and without the profiler.
     Label("03_*", "cpu_ms_per_step", "host time to issue one step"),
     Label("03_*", "overhead_ratio", "host time over device time of one step"),
