@@ -100,7 +100,7 @@ LABELS: tuple[Label, ...] = (
     Label("13_*", "*launch*_us", "launch cost in microseconds: a Python call into the driver, on the host's clock"),
     Label("13_*", "launch_bound_mib", "computed from the launch cost (the copy that takes as long as one launch)"),
     # 14 times one attention call eagerly: about a millisecond, of which the launches are a visible part.
-    Label("14_*", "*_eager_*", "one attention call timed eagerly (about 1 ms): the host's launches are part of it"),
+    Label("14_*", "*eager*", "one attention call timed eagerly (about 1 ms): the host's launches are part of it"),
     # Eager training steps of the medium model: the host's launches are a visible part of them, and on lent
     # hosts they moved 10-30% between machine starts (2026-11-26, H200) where CUDA-graph replays moved under 2%.
     Label("16_*", "step_ms_* eager", "eager step of the medium model: part host, 10-30% between machine starts"),
@@ -108,6 +108,8 @@ LABELS: tuple[Label, ...] = (
     Label("17_*", "tokens_per_s_v*", "from the eager step (see step_ms_v*)"),
     Label("17_*", "mfu_v[1-4]", "from the eager step (see step_ms_v*)"),
     Label("17_*", "speedup_v*_over_v1*", "ratio of eager steps, each moved by the host"),
+    Label("18_*", "step_ms_v[1-4]", "eager bf16 step of the medium model: part host, 10-30% between machine starts"),
+    Label("18_*", "idle_*", "eager step minus the device's busy time: the host's part of the step"),
     # 20's reference (hidden 512) is launch-bound: its step, and every speed-up measured from it, follow the host.
     Label("20_*", "reference_step_ms", "the lab's reference is launch-bound at its small hidden size: host time"),
     Label("20_*", "*speedup*", "speed-ups over the launch-bound reference step"),
