@@ -8,7 +8,9 @@ other; the same per-GPU batch: the preset's batch on every GPU, bf16, V2 with SD
 efficiency of each multi-GPU run is taken against the 1-GPU run of the same strategy
 (``tinyllama.distributed.scaling_table``). Every rank's record is appended to ``distributed.json``; ``distributed_summary.json`` and
 ``distributed.md`` hold the table of runs (tokens/s, slowest step, peak memory per GPU, communication
-per step within a profiled step, beside that step, never beside the unprofiled one; scaling efficiency). Append ``distributed.json`` as a run (``tinyllama.records.run_record``, ``gpus`` the GPU count) to the record ``tinyllama/course/data/distributed.json``:
+per step within a profiled step, beside that step, never beside the unprofiled one; scaling efficiency).
+``--record tinyllama/course/data/distributed.json`` appends this run to that record itself (with its date, device,
+GPU count, commit from ``$OURS_COMMIT`` or the checkout, and summary); otherwise append ``distributed.json`` as a run (``tinyllama.records.run_record``, ``gpus`` the GPU count) to the record ``tinyllama/course/data/distributed.json``:
 notebook 21 shows the latest such file beside its own run. With one GPU only the 1-GPU runs happen.
 """
 
@@ -31,7 +33,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
 from tinyllama.distributed import fsdp_available, scaling_table  # noqa: E402
-from tinyllama.records import load_json  # noqa: E402
+from tinyllama.records import append_json, load_json, run_record  # noqa: E402
 
 
 def run(k: int, preset: str, strategies: list[str], json_file: Path, args: argparse.Namespace) -> int:
@@ -70,6 +72,8 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: 2 gloo processes on the CPU, to check this script without a GPU (--presets ci)")
     parser.add_argument("--run-timeout", type=float, default=270, help="seconds per torchrun launch")
+    parser.add_argument("--record", type=Path, default=None, metavar="JSON",
+                        help="append this run to the topic record JSON (e.g. tinyllama/course/data/distributed.json)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +116,19 @@ def main() -> int:
     lines += ["", "failures: " + ("; ".join(failures) if failures else "none")]
     (out / "distributed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.record is not None and records:
+        commit = os.environ.get("OURS_COMMIT") or _checkout_commit()
+        source = f"{summary['date']}_{gpus}x{device_name.split()[-1].lower()}_distributed.json"
+        append_json(args.record, [run_record(records, device=device_name, gpus=gpus, commit=commit, source=source,
+                                             topic="distributed", summary=summary)])
+        print(f"appended this run ({source}, commit {commit or 'unknown'}) to {args.record}")
     return 1 if failures else 0
+
+
+def _checkout_commit() -> str | None:
+    from tinyllama.course.results import course_commit
+
+    return course_commit()
 
 
 def _has_tabulate() -> bool:

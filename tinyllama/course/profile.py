@@ -75,8 +75,9 @@ class Profile:
     debug_batch_size: int
     debug_seq_len: int
     debug_profiled_steps: int
-    # 18_roofline: kernels Nsight Compute profiles of one V1 step after its known GEMM (a handful: it replays
-    # each one many times), and whether V4 runs compiled (on two CPU cores its compile takes over a minute).
+    # 18_roofline: launches Nsight Compute profiles of one V1 step, of the kernels that hold most of its device
+    # time (a handful: it replays each one many times; the known GEMM has a short run of its own), and whether
+    # V4 runs compiled (on two CPU cores its compile takes over a minute).
     roofline_ncu_launches: int
     roofline_compile_v4: bool
     roofline_profiled_steps: int  # steps the profiler records per version (after one warm-up step)
