@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
+from tinyllama.course.results import course_commit  # noqa: E402
 from tinyllama.distributed import fsdp_available, scaling_table  # noqa: E402
 from tinyllama.records import append_json, load_json, run_record  # noqa: E402
 
@@ -117,18 +118,12 @@ def main() -> int:
     (out / "distributed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.record is not None and records:
-        commit = os.environ.get("OURS_COMMIT") or _checkout_commit()
+        commit = os.environ.get("OURS_COMMIT") or course_commit()
         source = f"{summary['date']}_{gpus}x{device_name.split()[-1].lower()}_distributed.json"
         append_json(args.record, [run_record(records, device=device_name, gpus=gpus, commit=commit, source=source,
                                              topic="distributed", summary=summary)])
         print(f"appended this run ({source}, commit {commit or 'unknown'}) to {args.record}")
     return 1 if failures else 0
-
-
-def _checkout_commit() -> str | None:
-    from tinyllama.course.results import course_commit
-
-    return course_commit()
 
 
 def _has_tabulate() -> bool:

@@ -393,7 +393,7 @@ def test_top_kernels_take_the_time_of_the_step():
 
 
 def test_a_causal_fused_kernel_is_credited_with_the_triangle_it_computes():
-    from tinyllama.profiling.flops import causal_pairs
+    from tinyllama.flops import causal_pairs
 
     q, k, v = (torch.randn(2, 4, 33, 8, requires_grad=True) for _ in range(3))
     for causal, pairs in ((True, 33 * 34 // 2), (False, 33 * 33)):
@@ -449,3 +449,14 @@ def test_bandwidth_chart_of_two_full_versions_keeps_its_labels_apart(tmp_path):
     assert rl.overlapping_labels(fig) == []
     fig.savefig(tmp_path / "bandwidth.png")
     plt.close(fig)
+
+
+def test_the_spine_counts_intensity_without_the_profiling_package():
+    """tinyllama.intensity (the spine) imports downward only: the causal count lives in tinyllama.flops."""
+    import subprocess
+    import sys
+
+    code = "import sys, tinyllama.intensity; print(sorted(m for m in sys.modules if m.startswith('tinyllama.profiling')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

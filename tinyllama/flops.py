@@ -30,6 +30,16 @@ def forward_flops(config: ModelConfig, batch_size: int, seq_len: int) -> int:
     return projections + attention
 
 
+def causal_pairs(s_q: int, s_k: int) -> int:
+    """Query-key pairs a causal attention computes: the lower triangle of the ``s_q x s_k`` score matrix
+    with its diagonal (query ``i`` sees keys ``0..i``; PyTorch's ``is_causal`` aligns the mask top-left),
+    ``s (s + 1) / 2`` for a square one. A fused (flash) kernel skips the tiles above the diagonal, so
+    this, not ``s_q x s_k``, is the work it does."""
+    if s_q <= s_k:
+        return s_q * (s_q + 1) // 2
+    return s_k * (s_k + 1) // 2 + (s_q - s_k) * s_k
+
+
 def training_flops(config: ModelConfig, batch_size: int, seq_len: int) -> int:
     """FLOPs of one training step: the backward pass does twice the forward's matmul work
     (gradients with respect to inputs and to weights), so a step is 3x the forward."""

@@ -4,7 +4,7 @@ Each function gives the work of one forward kernel at the least traffic it can h
 once and every output written once (no cache reuse counted, nothing re-read). FLOPs are two per
 multiply-add, and they are the work the kernel *does*: a fused causal attention skips the masked tiles, so
 it is counted over the lower triangle of the ``seq x seq`` scores with its diagonal
-(:func:`tinyllama.profiling.flops.causal_pairs`), as the roofline's per-operator counts do
+(:func:`tinyllama.flops.causal_pairs`), as the roofline's per-operator counts do
 (:mod:`tinyllama.profiling.attribution`). The model FLOPs of :mod:`tinyllama.flops` (MFU) keep the full
 square, the work of the model's function as V1 computes it. :func:`model_kernels` lists the four kinds at
 a model's shapes; the roofline (:mod:`tinyllama.profiling.roofline`) says on which side of the ridge point
@@ -19,7 +19,7 @@ import pandas as pd
 
 from tinyllama.config import ModelConfig
 from tinyllama.kernel_costs import rmsnorm_forward_bytes
-from tinyllama.profiling.flops import causal_pairs
+from tinyllama.flops import causal_pairs
 
 # FLOPs per element of an RMSNorm forward: square, add to the sum, scale by 1/rms, multiply by the weight
 # (the square root and the division happen once per row and are not counted).

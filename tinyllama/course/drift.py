@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from tinyllama.course import reference
+from tinyllama.course.dashboard import markdown_table
 
 # A number without a recorded spread agrees with the other run's within this share of the larger of the two.
 RELATIVE_TOLERANCE = 0.10
@@ -104,11 +105,11 @@ LABELS: tuple[Label, ...] = (
     # Eager training steps of the medium model: the host's launches are a visible part of them, and on lent
     # hosts they moved 10-30% between machine starts (2026-11-26, H200) where CUDA-graph replays moved under 2%.
     Label("16_*", "step_ms_* eager", "eager step of the medium model: part host, 10-30% between machine starts"),
-    Label("17_*", "step_ms_v[1-4]", "eager bf16 step of the medium model: part host, 10-30% between machine starts"),
+    Label("1[78]_*", "step_ms_v[1-4]", "eager bf16 step of the medium model: part host, 10-30% between machine "
+                                         "starts"),
     Label("17_*", "tokens_per_s_v*", "from the eager step (see step_ms_v*)"),
     Label("17_*", "mfu_v[1-4]", "from the eager step (see step_ms_v*)"),
     Label("17_*", "speedup_v*_over_v1*", "ratio of eager steps, each moved by the host"),
-    Label("18_*", "step_ms_v[1-4]", "eager bf16 step of the medium model: part host, 10-30% between machine starts"),
     Label("18_*", "idle_*", "eager step minus the device's busy time: the host's part of the step"),
     # 20's reference (hidden 512) is launch-bound: its step, and every speed-up measured from it, follow the host.
     Label("20_*", "reference_step_ms", "the lab's reference is launch-bound at its small hidden size: host time"),
@@ -322,24 +323,17 @@ def compare(a: Run, b: Run, tolerance: float = RELATIVE_TOLERANCE, force: bool =
 # The report
 # --------------------------------------------------------------------------------------------------
 
-def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, tuple):
-        return f"[{_cell(value[0])}, {_cell(value[1])}]"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value).replace("|", "/").replace("\n", " ")
+def _spread_text(value: Any) -> Any:
+    """A recorded spread ``(low, high)`` as ``[low, high]``; any other cell unchanged."""
+    return f"[{value[0]:.4g}, {value[1]:.4g}]" if isinstance(value, tuple) else value
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
-    """A GitHub markdown table of ``frame`` (floats to 4 significant digits, spreads as ``[low, high]``)."""
+    """A GitHub markdown table of ``frame`` (:func:`tinyllama.course.dashboard.markdown_table`: floats to
+    4 significant digits), spreads as ``[low, high]``; ``(none)`` for no rows."""
     if frame.empty:
         return "(none)"
-    columns = [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
+    return markdown_table(frame.map(_spread_text), index=False)
 
 
 def _change(frame: pd.DataFrame) -> pd.DataFrame:

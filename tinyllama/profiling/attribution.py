@@ -176,7 +176,7 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
     """Run ``fn()`` once and return, per ATen operator: ``operator``, ``category``, ``calls``,
     ``flops`` (counted by ``FlopCounterMode`` where it has a formula, else estimated; a fused attention kernel
-    called with ``is_causal`` over the lower triangle it computes: :func:`flops.causal_pairs`), ``flop_source``,
+    called with ``is_causal`` over the lower triangle it computes: :func:`tinyllama.flops.causal_pairs`), ``flop_source``,
     ``bytes`` (inputs read once + outputs written once) and ``precision`` (of its floating inputs;
     ``tf32`` for fp32 matmuls and convolutions on a GPU with TF32 allowed: :func:`allows_tf32`).
 

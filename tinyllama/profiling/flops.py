@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from tinyllama.config import ModelConfig
+from tinyllama.flops import causal_pairs
 from tinyllama.models.weights import unwrap  # DeepSpeed sees only the eager model, not compile's wrapper
 
 DEFAULT_TOLERANCE = 0.01  # 1%: the two counters use the same formulas for matmuls and convolutions
@@ -153,16 +154,6 @@ def deepspeed_profile(
 # --------------------------------------------------------------------------------------------------
 # torch.utils.flop_counter
 # --------------------------------------------------------------------------------------------------
-
-
-def causal_pairs(s_q: int, s_k: int) -> int:
-    """Query-key pairs a causal attention computes: the lower triangle of the ``s_q x s_k`` score matrix
-    with its diagonal (query ``i`` sees keys ``0..i``; PyTorch's ``is_causal`` aligns the mask top-left),
-    ``s (s + 1) / 2`` for a square one. A fused (flash) kernel skips the tiles above the diagonal, so
-    this, not ``s_q x s_k``, is the work it does."""
-    if s_q <= s_k:
-        return s_q * (s_q + 1) // 2
-    return s_k * (s_k + 1) // 2 + (s_q - s_k) * s_k
 
 
 def _pairs(s_q: int, s_k: int, causal: bool) -> int:
