@@ -142,3 +142,40 @@ def test_export_never_overwrites(tmp_path):
     assert pd.read_csv(second[0]).loc[0, "value"] == 1.4
     text = second[1].read_text()
     assert text.startswith("# my results") and "| 02_precision | fp16_speedup_vs_fp32 | 1.4 | 1.4 | 1 |" in text
+
+
+def spread_table(figures, spreads, notebook="17_version_comparison"):
+    """One record of ``notebook`` with ``figures`` and the p10-p90 ``spreads`` of some of them."""
+    record = {"time": T1, "notebook": notebook, "profile": "gpu", "figures": figures, "spreads": spreads,
+              "environment": {"backend": "cuda", "device": "NVIDIA H200", "torch": "2.11", "triton": "3.6"}}
+    return results.records_table([record])
+
+
+def test_recorded_spreads_decide_a_pair_of_step_times_where_the_fixed_rule_would_not():
+    figures = {"precision": "bf16", "step_ms_v1": 60.0, "step_ms_v2": 50.0,
+               "step_ms_v1_graphed": 55.0, "step_ms_v2_graphed": 53.0}
+    # 1.2x apart, beyond the 15% rule, but the bands overlap: within run-to-run variation.
+    # 1.04x apart (replays, beyond 3%), bands apart: faster, as the fixed rule also says.
+    spreads = {"step_ms_v1": [48.0, 70.0], "step_ms_v2": [45.0, 55.0],
+               "step_ms_v1_graphed": [54.8, 55.2], "step_ms_v2_graphed": [52.8, 53.2]}
+    runs = dashboard.runs_by_notebook(spread_table(figures, spreads))
+    record = runs["17_version_comparison"][0]
+    assert record[dashboard.SPREADS]["step_ms_v1"] == (48.0, 70.0)
+    eager = dashboard._pair("17", "V2 over V1 eager", dashboard._ratio("step_ms_v1", "step_ms_v2"))
+    _, factor, said = dashboard.measure(eager, runs)
+    assert factor == pytest.approx(1.2) and said == dashboard.WITHIN  # the fixed rule alone would say faster
+    assert dashboard.judge(factor) == dashboard.FASTER
+    replayed = dashboard._pair("17", "V2 over V1 replayed", dashboard._ratio("step_ms_v1_graphed", "step_ms_v2_graphed"),
+                               variation=dashboard.REPLAY_VARIATION)
+    assert dashboard.measure(replayed, runs)[2] == dashboard.FASTER
+    # 1.05x apart (inside the 15% rule), bands apart: faster from the bands.
+    close = {"precision": "bf16", "step_ms_v1": 52.5, "step_ms_v2": 50.0}
+    runs = dashboard.runs_by_notebook(spread_table(close, {"step_ms_v1": [52.0, 53.0], "step_ms_v2": [49.5, 50.5]}))
+    assert dashboard.measure(eager, runs)[2] == dashboard.FASTER
+    # Without spreads the fixed rule applies.
+    runs = dashboard.runs_by_notebook(spread_table(close, {}))
+    assert dashboard.measure(eager, runs)[2] == dashboard.WITHIN
+    # A band of a rate is never used (it would turn the verdict round).
+    assert dashboard.band_verdict({"tokens_per_s_a": 2.0, "tokens_per_s_b": 1.0,
+                                   dashboard.SPREADS: {"tokens_per_s_a": (1.9, 2.1), "tokens_per_s_b": (0.9, 1.1)}},
+                                  "tokens_per_s_a", "tokens_per_s_b") is None

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from tinyllama.course.results import results_dir
+from tinyllama.timing import Band, verdict
 
 Figures = Mapping[str, Any]  # the figures of one record (one run of one notebook), by name
 
@@ -36,6 +37,9 @@ Figures = Mapping[str, Any]  # the figures of one record (one run of one noteboo
 EAGER_VARIATION = 0.15
 REPLAY_VARIATION = 0.03
 WITHIN = "within run-to-run variation"
+# In a record's figures: the p10-p90 bands of its timed figures, {figure: (p10, p90)}, where the notebook
+# recorded them (results.record(..., spreads=...)). A pair of two such step times is judged by the bands.
+SPREADS = "_spreads"
 FASTER, SLOWER = "faster", "slower"
 
 
@@ -90,7 +94,12 @@ def runs_by_notebook(table: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
     if table.empty:
         return found
     for (notebook, _), rows in table.sort_values("time", kind="stable").groupby(["notebook", "time"], sort=False):
-        found.setdefault(notebook, []).insert(0, dict(zip(rows["figure"], rows["value"])))
+        figures = dict(zip(rows["figure"], rows["value"]))
+        if {"spread_low", "spread_high"} <= set(rows.columns):
+            figures[SPREADS] = {f: (float(low), float(high)) for f, low, high in
+                                zip(rows["figure"], rows["spread_low"], rows["spread_high"])
+                                if is_number(low) and is_number(high)}
+        found.setdefault(notebook, []).insert(0, figures)
     return dict(sorted(found.items()))
 
 
@@ -120,11 +129,29 @@ def _number(figures: Figures, name: str) -> float | None:
 
 
 def _ratio(old: str, new: str) -> Compute:
-    """``old / new`` of one record: a speed-up when both are times (pass rates the other way round)."""
+    """``old / new`` of one record: a speed-up when both are times (pass rates the other way round).
+    The compute function keeps the two names (``.names``) so that :func:`measure` can judge two step
+    times by their recorded spreads."""
     def compute(figures: Figures) -> float | None:
         a, b = _number(figures, old), _number(figures, new)
         return a / b if a is not None and b is not None and a > 0 and b > 0 else None
+    compute.names = (old, new)  # type: ignore[attr-defined]
     return compute
+
+
+def band_verdict(figures: Figures, old: str, new: str) -> str | None:
+    """The verdict on two step times of one record from their recorded p10-p90 bands
+    (:func:`tinyllama.timing.verdict`: faster or slower only when the bands do not overlap), or ``None``
+    where either has no band (the fixed variation rule of :func:`judge` applies then). Only step times
+    (``step_ms*``) are judged this way: a band of a rate would turn the verdict round."""
+    spreads = figures.get(SPREADS) or {}
+    if not (old.startswith("step_ms") and new.startswith("step_ms") and old in spreads and new in spreads):
+        return None
+    a, b = _number(figures, old), _number(figures, new)
+    if a is None or b is None:
+        return None
+    _, said = verdict(Band(a, *spreads[old]), Band(b, *spreads[new]))
+    return {"faster": FASTER, "slower": SLOWER}.get(said, WITHIN)
 
 
 def _figure(name: str) -> Compute:
@@ -305,7 +332,9 @@ def measure(pair: Pair, runs: Mapping[str, list[Figures]]) -> tuple[str, float, 
             if pair.kept_by_notebook:
                 return (pair.describe(figures), math.nan, NOT_KEPT) if factor == 1.0 else \
                     (pair.describe(figures), factor, KEPT)
-            return pair.describe(figures), factor, judge(factor, pair.variation)
+            names = getattr(pair.compute, "names", None)
+            from_bands = band_verdict(figures, *names) if names else None
+            return pair.describe(figures), factor, from_bands or judge(factor, pair.variation)
     return None
 
 
