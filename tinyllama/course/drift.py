@@ -88,6 +88,8 @@ LABELS: tuple[Label, ...] = (
     Label("03_*", "overhead_ratio", "host time over device time of one step"),
     Label("0[37]_*", "profiler_host_overhead", "what the profiler adds on the host, per event"),
     Label("03_*", "unprofiled_host_device_ratio", "host time over device time of one step"),
+    Label("03_*", "launch_bound", "decided by the host's issue time against the device's: the fp32 step sits near "
+                                  "the line (0.49 and 0.87 of the device time on two H200 hosts, 2026-11-26/27)"),
     Label("07_*", "unprofiled_host_over_device", "host time over device time of one step"),
     # 06 and 16 time the compiler: CPU-bound work (Dynamo, Inductor, Triton), moved by the host and its caches.
     Label("06_*", "*compile*_s_*", "compile seconds: the compiler runs on the host, and its caches may be warm"),
