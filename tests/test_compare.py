@@ -298,8 +298,8 @@ def test_gpu_runs_are_valid_and_a_record_is_judged(result):
     from tinyllama.comparison import targets as script
 
     labels = [s.label for s in cmp.expand_runs(script.default_runs())]
-    assert labels[0] == "v1:fp32" and labels[-3:] == ["v4:bf16", "v4[compile_mode=reduce-overhead]:bf16",
-                                                  "v4[cuda_graph=1]:bf16"]
+    assert labels[0] == "v1:fp32" and labels[-3:] == ["v4[cuda_graph=0]:bf16", "v4[compile_mode=reduce-overhead]:bf16",
+                                                  "v4:bf16"]  # V4 as shipped last: its whole step replayed
     assert labels[-7:-3] == ["v3:bf16", "v3[cuda_graph=1]:bf16", "v3[compile=1]:bf16",
                              "v3[compile=1,compile_mode=reduce-overhead]:bf16"]
     assert "v2[fuse_qkv=0,fuse_gate_up=1]:bf16" in labels and "v2[fuse_qkv=0,fuse_gate_up=1,cuda_graph=1]:bf16" in labels
@@ -310,7 +310,7 @@ def test_gpu_runs_are_valid_and_a_record_is_judged(result):
         row["label"] = row["label"].replace("v4[compile=0]:bf16", "v4:bf16")
     judged = {t["target"]: t for t in script.targets(record)}
     v1, v4 = _row(result, "v1:fp32"), _row(result, "v4[compile=0]:bf16")
-    ratio_target = judged["V4 bf16 step time <= 1/10 of V1 fp32's"]
+    ratio_target = judged["V4 bf16 as shipped step time <= 1/10 of V1 fp32's"]
     assert ratio_target["met"] == (v4["step_ms_median"] <= 0.1 * v1["step_ms_median"])
     assert judged["V4 bf16 MFU >= 45% of the measured bf16 matmul rate"]["met"] == (v4["mfu_measured"] >= 0.45)
     effects = {(e["precision"], e["steps"], e["fusion"]): e for e in script.fusion_effects(record)}
@@ -366,12 +366,12 @@ def test_v3_targets_are_judged_against_v4(result):
     record = copy.deepcopy(result.record)
     v4 = next(r for r in record["runs"] if r["label"] == "v4[compile=0]:bf16")
     fake = []
-    for label, ms in ((script.V4, 10.0), (script.V4_STEP_GRAPH, 8.0), (script.V3, 11.9), (script.V3_STEP_GRAPH, 8.5)):
+    for label, ms in ((script.V4_EAGER, 10.0), (script.V4, 8.0), (script.V3, 11.9), (script.V3_STEP_GRAPH, 8.5)):
         fake.append({**v4, "label": label, "step_ms_median": ms})
     record["runs"] = [r for r in record["runs"] if r["label"] != "v4[compile=0]:bf16"] + fake
     judged = {t["target"]: t for t in script.targets(record)}
-    eager = judged["V3 bf16 step time <= 1.2x V4's (v4:bf16)"]
-    graphs = judged["V3 bf16 whole step in CUDA graphs <= 1x V4's (v4[cuda_graph=1]:bf16)"]
+    eager = judged["V3 bf16 step time <= 1.2x V4's (v4[cuda_graph=0]:bf16)"]  # launches like for like
+    graphs = judged["V3 bf16 whole step in CUDA graphs <= 1x V4's (v4:bf16)"]
     assert eager["met"] and "1.19x" in eager["measured"]
     assert not graphs["met"] and "1.06x" in graphs["measured"]
     record["runs"] = [r for r in record["runs"] if not r["label"].startswith("v3")]

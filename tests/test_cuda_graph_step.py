@@ -64,3 +64,32 @@ def test_run_benchmark_records_graph_mode():
                                  progress=False)
     assert result.cuda_graph and result.to_dict()["cuda_graph"] is True
     assert result.forward_ms.median > 0 and result.backward_ms.median > 0 and result.optimizer_ms.median > 0
+
+
+def test_v4_replays_its_step_by_default_where_a_replay_is_possible():
+    """V4 as shipped replays its whole training step on a GPU (``graphed_step``); an explicit switch wins,
+    and wherever a replay is impossible or wrong the default falls back to eager launches."""
+    from tinyllama.config import get_preset
+    from tinyllama.models import build
+    from tinyllama.training import replays_step
+
+    config = get_preset("ci").model
+    v4, v2 = build("v4", config, compile=False), build("v2", config)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert replays_step(v4, gpu, "bf16") and not replays_step(v2, gpu, "bf16")
+    assert not replays_step(v4, cpu, "bf16")  # no graphs on the CPU
+    assert not replays_step(v4, gpu, "fp16")  # the gradient scaler decides on the host
+    assert not replays_step(v4, gpu, "bf16", accumulation_steps=2)
+    assert not replays_step(v4, gpu, "bf16", gradient_checkpointing=True)
+    assert not replays_step(v4, gpu, "bf16", warmup_steps=1)  # captured after three eager steps
+    assert not replays_step(v4, gpu, "bf16", cuda_graph=False) and replays_step(v2, cpu, "bf16", cuda_graph=True)
+    own = build("v4", config, compile=True, compile_mode="reduce-overhead")
+    assert not replays_step(own, gpu, "bf16")  # compile's own graphs cannot be captured again
+
+
+def test_run_benchmark_on_the_cpu_runs_v4_eagerly_by_default():
+    from tinyllama.bench import run_benchmark
+
+    result = run_benchmark("v4", "ci", precision="fp32", num_steps=1, warmup_steps=0, device="cpu",
+                           model_options={"compile": False}, progress=False)
+    assert result.cuda_graph is False

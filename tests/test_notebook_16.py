@@ -94,7 +94,38 @@ def test_break_even_mistakes_fail(notebook, mistake):
 
 
 def test_break_even_sentence():
-    assert "never pays" in compile_checks.describe_break_even(math.inf, 10.0)
-    assert "1,200 steps" in compile_checks.describe_break_even(1200.0, 25.0)
-    assert "30.0 seconds" in compile_checks.describe_break_even(1200.0, 25.0)  # 1,200 steps of 25 ms
-    assert "2.0 minutes" in compile_checks.describe_break_even(4800.0, 25.0)
+    assert "never pays" in compile_checks.describe_break_even(10.0, 5.0, 6.0)
+    # The stored H200 run's cold compile: 12.67 s, eager step 43.00 ms, compiled 24.88 ms.
+    cold = compile_checks.describe_break_even(12.67, 43.0, 24.88)
+    assert "from step 700 on" in cold and "18.12 ms saved a step = 699.2 steps" in cold
+    assert "30.1 s eager = 12.7 s compile + 17.4 s compiled" in cold
+    # Its warm compile, 0.52 s: under a second, so milliseconds, and no "0.0 minutes" of anything.
+    warm = compile_checks.describe_break_even(0.52, 43.0, 24.88)
+    assert "520 ms of compile" in warm and "28.7 steps" in warm and "from step 29 on" in warm
+    assert "1.23 s eager = 0.520 s compile + 0.714 s compiled" in warm
+    assert "minutes" not in warm and "0.0 " not in warm
+
+
+@pytest.mark.parametrize("seconds, shown", [(0.0004, "0.400 ms"), (0.72, "720 ms"), (1.0, "1.00 s"), (17.4, "17.4 s"),
+                                            (125.4, "125 s"), (1200.0, "20.0 minutes"), (3 * 86400.0, "72.0 hours")])
+def test_durations_are_shown_in_a_unit_of_their_size(seconds, shown):
+    assert compile_checks.format_duration(seconds) == shown
+
+
+def test_the_terms_of_a_sum_share_a_unit():
+    assert compile_checks.format_duration(0.5, like=30.0) == "0.500 s"
+    with pytest.raises(ValueError):
+        compile_checks.format_duration(-1.0)
+
+
+@pytest.mark.parametrize("compile_s, eager_ms, compiled_ms", [(12.67, 43.0, 24.88), (0.38, 9.95, 7.26),
+                                                              (33.9, 9.95, 7.26), (300.0, 25.0, 24.0)])
+def test_the_printed_sum_adds_up(compile_s, eager_ms, compiled_ms):
+    # "..., which take E eager = C compile + S compiled": E = C + S, to the three digits printed.
+    sentence = compile_checks.describe_break_even(compile_s, eager_ms, compiled_ms)
+    eager, rest = sentence.split("which take ")[1].split(" eager = ")
+    compile_part, compiled = rest.split(" compile + ")
+    unit = eager.split()[1]
+    assert compile_part.split()[1] == unit and compiled.split()[1] == unit
+    number = lambda text: float(text.split()[0].replace(",", ""))  # noqa: E731
+    assert number(eager) == pytest.approx(number(compile_part) + number(compiled), rel=0.01)

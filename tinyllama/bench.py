@@ -39,7 +39,7 @@ from tinyllama.settings import check_precision
 from tinyllama.timing import PhaseTimer, Stats, summarize
 # The training step lives in tinyllama.training; these names stay importable from here.
 from tinyllama.training import (DATA_PHASES, PHASES, GraphedTrainingStep, TrainingStep, check_cuda_graph,
-                                configure_determinism, make_batches)
+                                configure_determinism, make_batches, replays_step)
 
 __all__ = ["BenchResult", "BenchmarkError", "GraphedTrainingStep", "TrainingStep", "main", "make_batches",
            "run_benchmark"]
@@ -161,7 +161,7 @@ def run_benchmark(
     model: nn.Module | None = None,
     batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     progress: bool = True,
-    cuda_graph: bool = False,
+    cuda_graph: bool | None = None,
     loader: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
     accumulation_steps: int = 1,
     gradient_checkpointing: bool = False,
@@ -171,7 +171,9 @@ def run_benchmark(
     """Build (or take) a model, check that it trains, and time ``num_steps`` training steps.
 
     ``cuda_graph=True`` replays each step from CUDA (HIP) graphs after the warm-up steps
-    (``GraphedTrainingStep``): the step's GPU time without Python's launch overhead. ``loader``: the
+    (``GraphedTrainingStep``): the step's GPU time without Python's launch overhead; ``False`` launches
+    every kernel from Python; ``None`` (the default) takes the model's own setting where a replay is
+    possible (``training.replays_step``: V4 on a GPU replays, every other version runs eagerly). ``loader``: the
     batch source, any iterable of ``(inputs, targets)`` on the CPU or the device (a ``DataLoader`` of
     ``tinyllama.data``), run through again when it ends; its batch shape must be ``batch_size`` x
     ``seq_len``. ``accumulation_steps`` micro-batches make one optimizer step (gradient
@@ -200,6 +202,9 @@ def run_benchmark(
         model = model.to(device).train()
         if gradient_checkpointing:
             unwrap(model).set_gradient_checkpointing(True)
+        if cuda_graph is None:
+            cuda_graph = replays_step(model, device, precision, accumulation_steps=accumulation_steps,
+                                      gradient_checkpointing=gradient_checkpointing, warmup_steps=warmup_steps)
         if loader is not None:
             source = _endless(loader)
             first = next(source)
@@ -311,9 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16 (fp16 uses a gradient scaler)")
     parser.add_argument("--deterministic", action="store_true",
                         help="deterministic algorithms and cuDNN/MIOpen settings (reports what it set)")
-    parser.add_argument("--cuda-graph", action="store_true",
-                        help="replay each step from CUDA/HIP graphs after the warm-up "
-                             "(GPU only; not with compile_mode reduce-overhead)")
+    parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="replay each step from CUDA/HIP graphs after the warm-up (GPU only; not with "
+                             "compile_mode reduce-overhead); --no-cuda-graph launches every kernel from Python. "
+                             "Default: the version's own setting (V4 replays on a GPU, the others do not)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a switch of the version, e.g. --option fuse_qkv=0 (repeatable)")
     parser.add_argument("--data", choices=("random", "text"), default="random",

@@ -85,7 +85,7 @@ def compare(
     """
     specs = expand_runs(runs)
     device = dev.get_device(None if device is None else str(device))
-    graphed = [s.label for s in specs if s.cuda_graph]
+    graphed = [s.label for s in specs if s.cuda_graph]  # explicitly asked for; a version's default adapts
     if graphed:  # refused before any run, rather than after V1 has been timed
         try:
             check_cuda_graph(device, warmup_steps)
@@ -271,12 +271,13 @@ def _add_ratios(rows: list[dict[str, Any]], ceilings: dict[str, float]) -> None:
 _EPILOG = """\
 run specs:  VERSION[KEY=VALUE,...][:PRECISION]
   v1:fp32                          V1 in fp32
-  v4                               V4 at its preferred precision (bf16)
+  v4                               V4 as shipped: bf16, and on a GPU each training step replayed from CUDA graphs
   "v2[fuse_qkv=0]:fp32"            V2 without the QKV fusion (quote specs with brackets in a shell)
   "v2[sdpa=1,compile=1]:bf16"      V2 with SDPA and torch.compile
-  "v4[cuda_graph=1]"                V4 with each training step replayed from CUDA graphs (GPU only)
+  "v4[cuda_graph=0]"                V4 with every kernel launched from Python (eager launches)
+  "v2[cuda_graph=1]:bf16"           V2 with each training step replayed from CUDA graphs (GPU only)
   V2 switches: fuse_qkv, fuse_gate_up, sdpa, compile (0/1), compile_mode=default|reduce-overhead|max-autotune
-  every version: cuda_graph (0/1)
+  every version: cuda_graph (0/1; unset: the version's own setting, V4 replays on a GPU)
   precisions: fp32 (TF32 off), tf32, bf16 and fp16 (autocast, fp32 weights)
 run sets (expand to several specs):
 """ + "\n".join(f"  {name:9s} {' '.join(specs)}" for name, specs in RUN_SETS.items()) + """

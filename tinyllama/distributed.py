@@ -128,13 +128,32 @@ def check_strategy(strategy: str) -> None:
                           "use --strategy ddp")
 
 
-def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
+def _mixed_precision_policy(precision: str) -> Any:
+    """FSDP2's mixed-precision policy for a training precision: in bf16, weights all-gathered and computed
+    in bf16, gradients reduce-scattered in fp32, fp32 shards kept for AdamW. ``None`` otherwise: fp32 and
+    tf32 need none, and fp16 keeps fp32 weights under autocast, because its gradient scaler (unscale,
+    the inf check) is written for plain fp32 gradients."""
+    if precision != "bf16":
+        return None
+    dtype = torch.bfloat16
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # PyTorch 2.4-2.5
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def wrap(model: nn.Module, strategy: str, device: torch.device, precision: str = "fp32") -> nn.Module:
     """``model`` made data-parallel over the current process group.
 
     DDP keeps the gradients as views into its communication buckets (``gradient_as_bucket_view``), so
     that they are not stored twice, and does not broadcast the (constant) buffers before each forward.
     FSDP2 shards every decoder block, then the rest (embedding, final norm, output head) with the
-    root: a block's weights are gathered only while it runs.
+    root: a block's weights are gathered only while it runs. In bf16 FSDP2 runs with a
+    mixed-precision policy: each rank keeps fp32 shards (AdamW updates those), all-gathers the weights
+    already cast to bf16 (half the bytes of fp32) and reduce-scatters the gradients in fp32 (no precision
+    lost in the sum over ranks). DDP has no such policy: autocast casts its fp32 weights inside each
+    operator, and it all-reduces fp32 gradients.
     """
     check_strategy(strategy)
     if strategy == "ddp":
@@ -147,9 +166,11 @@ def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
                                        gradient_as_bucket_view=True, broadcast_buffers=False)
     fully_shard = _fully_shard()
     assert fully_shard is not None
+    policy = _mixed_precision_policy(precision)
+    options = {} if policy is None else {"mp_policy": policy}
     for block in model.layers:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
     return model
 
 
@@ -195,18 +216,29 @@ def model_state_bytes(num_parameters: int, strategy: str, world_size: int, bytes
     return {"weights": bytes_per_value * shard, "optimizer state": 2 * bytes_per_value * shard}
 
 
-def communication_bytes(num_parameters: int, strategy: str, world_size: int, bytes_per_value: int = 4) -> int:
+def communication_bytes(num_parameters: int, strategy: str, world_size: int, bytes_per_value: int = 4,
+                        gathered_bytes_per_value: int | None = None) -> int:
     """The bytes each rank sends per training step (and receives as many) with ring collectives over
     ``world_size`` ranks: DDP all-reduces every gradient once, ``2 (N-1)/N`` of the gradients' bytes (a
     reduce-scatter then an all-gather); FSDP2 all-gathers every block's weights twice (forward, and
     again for the backward) and reduce-scatters the gradients once, ``3 (N-1)/N``. One process
-    (``"none"``) sends nothing. fp32 values (4 bytes): this harness keeps fp32 weights and gradients
-    under autocast."""
+    (``"none"``) sends nothing. ``bytes_per_value``: the gradients' (fp32, 4 bytes); FSDP2's gathered
+    weights take ``gathered_bytes_per_value`` (default the same; 2 under its bf16 mixed-precision policy,
+    which :func:`wrap` sets for bf16 runs: :func:`gathered_bytes`)."""
     if strategy == "none" or world_size == 1:
         return 0
-    full = bytes_per_value * num_parameters
-    factor = {"ddp": 2, "fsdp": 3}[strategy]
-    return round(factor * (world_size - 1) / world_size * full)
+    gathered = bytes_per_value if gathered_bytes_per_value is None else gathered_bytes_per_value
+    share = (world_size - 1) / world_size * num_parameters
+    if strategy == "ddp":
+        return round(2 * share * bytes_per_value)
+    if strategy == "fsdp":
+        return round(share * (2 * gathered + bytes_per_value))
+    raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+
+
+def gathered_bytes(precision: str) -> int:
+    """Bytes per weight that FSDP2 all-gathers at a training precision under :func:`wrap`'s policy."""
+    return 2 if _mixed_precision_policy(precision) is not None else 4
 
 
 def counted_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
@@ -495,7 +527,7 @@ class _Run:
                                  device)
         configure_determinism(seed, deterministic=False)  # the same initial weights on every rank
         model = build(version, config, **dict(model_options or {})).to(device).train()
-        wrapped = wrap(model, strategy, device) if dist.is_initialized() else model
+        wrapped = wrap(model, strategy, device, precision) if dist.is_initialized() else model
         step = TrainingStep(wrapped, precision, device, fused_optimizer=getattr(model, "fused_optimizer", False))
         return cls(config, batch_size, seq_len, local_batch, device, batches, model, wrapped, step)
 

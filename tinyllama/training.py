@@ -178,6 +178,24 @@ class TrainingStep:
         return total
 
 
+def replays_step(model: torch.nn.Module, device: torch.device, precision: str, *, cuda_graph: bool | None = None,
+                 accumulation_steps: int = 1, gradient_checkpointing: bool = False,
+                 warmup_steps: int | None = None) -> bool:
+    """Whether a harness replays ``model``'s training steps from CUDA (HIP) graphs
+    (``GraphedTrainingStep``). ``cuda_graph`` True or False is the caller's explicit choice (True is
+    checked by :func:`check_cuda_graph`); ``None`` takes the model's default (``graphed_step``, V4's),
+    which applies only where a replay is possible and correct: a GPU, not fp16 (its gradient scaler decides
+    on the host), one micro-batch a step, no recomputed blocks, enough warm-up steps to capture after, and a
+    model without compile's own CUDA graphs. Elsewhere the default is an eager step, silently: the same
+    code runs on a CPU and in every configuration a participant tries."""
+    if cuda_graph is not None:
+        return bool(cuda_graph)
+    inner = unwrap(model)
+    return (bool(getattr(inner, "graphed_step", False)) and device.type == "cuda" and precision != "fp16"
+            and accumulation_steps == 1 and not gradient_checkpointing and not inner.own_cuda_graphs
+            and (warmup_steps is None or warmup_steps >= GraphedTrainingStep.EAGER_STEPS))
+
+
 def check_cuda_graph(device: torch.device, warmup_steps: int | None = None) -> None:
     """Raise ``ValueError`` where steps cannot be replayed from CUDA graphs: fewer warm-up steps than
     ``GraphedTrainingStep`` runs eagerly before it captures, or no GPU."""

@@ -48,9 +48,13 @@ class RunSpec:
         return {k: v for k, v in self.options if k not in RUN_SWITCHES}
 
     @property
-    def cuda_graph(self) -> bool:
-        """Whether the run's training steps are replayed from CUDA graphs."""
-        return bool(dict(self.options).get("cuda_graph", False))
+    def cuda_graph(self) -> bool | None:
+        """Whether the run's training steps are replayed from CUDA graphs, as the spec says (``cuda_graph=1``
+        or ``=0``); ``None`` where it says nothing: the version's own setting, which the harness resolves
+        with the model on the device (``tinyllama.training.replays_step``; the record's ``cuda_graph`` says
+        what ran)."""
+        value = dict(self.options).get("cuda_graph")
+        return None if value is None else bool(value)
 
 
 def _format_value(value: Any) -> str:

@@ -138,15 +138,43 @@ def check_break_even(candidate: Callable[[float, float, float], float]) -> bool:
                             "when the compiled step saves nothing, return math.inf.")
 
 
-def describe_break_even(steps: float, compiled_ms: float) -> str:
-    """A sentence for a measured break-even point: steps and the training time they take."""
+def _three_digits(value: float) -> str:
+    """``value`` to three significant digits, without an exponent (``0.723``, ``17.4``, ``1,250``)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
+
+
+_UNITS: tuple[tuple[float, float, str], ...] = ((1.0, 1e-3, "ms"), (600.0, 1.0, "s"), (7200.0, 60.0, "minutes"),
+                                                (math.inf, 3600.0, "hours"))
+
+
+def format_duration(seconds: float, like: float | None = None) -> str:
+    """A duration in the unit that shows its size, to three significant digits: milliseconds under a
+    second, seconds under ten minutes, minutes under two hours, else hours. ``like``: pick the unit for
+    that duration instead (so that the terms of one sum share a unit)."""
+    for value in (seconds, like if like is not None else seconds):
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"a duration must be finite and >= 0 (got {value})")
+    scale, unit = next((scale, unit) for limit, scale, unit in _UNITS
+                       if (like if like is not None else seconds) < limit)
+    return f"{_three_digits(seconds / scale)} {unit}"
+
+
+def describe_break_even(compile_s: float, eager_ms: float, compiled_ms: float) -> str:
+    """A sentence for a measured break-even point, with its arithmetic: the compile's time over what a
+    step saves gives the steps, and those steps take as long eagerly as the compile plus the same steps
+    compiled (one unit for the three terms, chosen by the largest)."""
+    steps = break_even_steps(compile_s, eager_ms, compiled_ms)
     if math.isinf(steps):
         return "the compiled step is not faster here, so the compile never pays for itself"
-    seconds = steps * compiled_ms / 1e3
-    duration = f"{seconds:.1f} seconds" if seconds < 60 else f"{seconds / 60:.1f} minutes"
-    return (f"the compile pays for itself after {math.ceil(steps):,} steps "
-            f"(about {duration} of compiled training)")
+    eager_s = steps * eager_ms / 1e3
+    return (f"the compile pays for itself from step {math.floor(steps) + 1:,} on: {format_duration(compile_s)} of "
+            f"compile / {eager_ms - compiled_ms:.2f} ms saved a step = {steps:,.1f} steps, which take "
+            f"{format_duration(eager_s)} eager = {format_duration(compile_s, eager_s)} compile + "
+            f"{format_duration(steps * compiled_ms / 1e3, eager_s)} compiled")
 
 
 __all__ = ["BACKEND_CASES", "BREAK_EVEN_CASES", "FATES", "check_backend_reader", "check_break_even",
-           "check_operator_fates", "describe_break_even"]
+           "check_operator_fates", "describe_break_even", "format_duration"]

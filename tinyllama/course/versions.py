@@ -26,6 +26,7 @@ from tinyllama import flops as model_flops
 from tinyllama.comparison.parity import TOLERANCES
 from tinyllama.comparison.runs import parse_run
 from tinyllama.config import ModelConfig, get_preset
+from tinyllama.models import model_class
 from tinyllama.course.bottlenecks import slip_hint
 from tinyllama.course.checkpoints import check_between, checkpoint
 from tinyllama.course.feedback import check_function
@@ -46,8 +47,14 @@ REMEDIES = ("fused_projections", "fused_kernels", "flash_attention", "compile")
 
 def version_runs(precision: str, graphs: bool) -> list[str]:
     """V1 in fp32 (the baseline), then V1-V4 at ``precision`` with eager steps, then (``graphs``) the
-    same four with each training step replayed from CUDA graphs (``cuda_graph=1``)."""
-    runs = [BASELINE] + [f"{v}:{precision}" for v in VERSIONS if f"{v}:{precision}" != BASELINE]
+    same four with each training step replayed from CUDA graphs (``cuda_graph=1``). With ``graphs`` the
+    eager runs say ``cuda_graph=0`` where the version replays by default (V4 as shipped), so that the eager
+    row is eager on a GPU too."""
+    def eager(version: str) -> str:
+        explicit = graphs and model_class(version).graphed_step
+        return f"{version}[cuda_graph=0]:{precision}" if explicit else f"{version}:{precision}"
+
+    runs = [BASELINE] + [eager(v) for v in VERSIONS if f"{v}:{precision}" != BASELINE]
     if graphs:
         runs += [f"{v}[cuda_graph=1]:{precision}" for v in VERSIONS]
     return runs
@@ -56,7 +63,8 @@ def version_runs(precision: str, graphs: bool) -> list[str]:
 def _row(record: Mapping[str, Any], version: str, precision: str, graphed: bool) -> dict[str, Any] | None:
     for run in record["runs"]:
         spec = parse_run(run["label"])
-        if (spec.version, spec.precision, spec.cuda_graph) == (version, precision, graphed) and not spec.model_options:
+        replayed = bool(run.get("cuda_graph", spec.cuda_graph))  # what ran: a version's default resolved
+        if (spec.version, spec.precision, replayed) == (version, precision, graphed) and not spec.model_options:
             return run
     return None
 

@@ -150,6 +150,9 @@ class TinyLlama(nn.Module):
     switch_names: ClassVar[tuple[str, ...]] = ()  # the keyword switches of __init__, for build(**switches)
     preferred_precision: ClassVar[str] = "fp32"  # the precision of a run spec that names none
     fused_optimizer: ClassVar[bool] = False  # the training step may use fused AdamW (on a GPU)
+    # The harness replays the whole training step from CUDA (HIP) graphs by default, on a GPU and where a
+    # step can be replayed (tinyllama.training.replays_step); a run's cuda_graph switch overrides it.
+    graphed_step: ClassVar[bool] = False
     compiled: bool = False  # the blocks run through torch.compile
     own_cuda_graphs: bool = False  # compiled in a mode that replays CUDA graphs of its own
     # Indices of the blocks whose activations are recomputed in the backward instead of kept

@@ -5,7 +5,8 @@
   to one backend (``"flash"``, ``"efficient"``, ``"cudnn"``, ``"math"``);
 - :func:`sdpa_backend`: which backend PyTorch's dispatcher picks for given tensors, read from the
   operator it calls (``aten::_scaled_dot_product_cudnn_attention`` is cuDNN, and so on) and, when
-  asked, the kernels it launched;
+  asked, the kernels it launched (why each backend can or cannot run the tensors, in PyTorch's words:
+  :mod:`tinyllama.profiling.sdpa_reasons`);
 - :func:`saved_tensor_bytes`: the bytes autograd keeps for the backward while a function runs (exact,
   on every device: the CPU keeps no allocator statistics, but saved tensors can always be counted);
 - :func:`peak_memory_bytes`: the allocator's peak above its starting point while a function runs (a GPU
@@ -95,25 +96,6 @@ def backend_from_operators(names: list[str]) -> tuple[str, str]:
         if operator in names:
             return backend, operator
     return "unknown", next((n for n in names if "scaled_dot_product" in n), "none recorded")
-
-
-def refusal_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, causal: bool = True) -> str | None:
-    """Why SDPA's ``backend`` cannot run these tensors, in PyTorch's own words (the warnings it gives
-    when a backend is forced and refused, else the error's first line); None when it runs them."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with torch.no_grad():
-                sdpa(q, k, v, causal, backend)
-            dev.synchronize(q.device)
-            return None
-        except RuntimeError as error:
-            # PyTorch warns a header ("... kernel not used because:") and then one line per reason.
-            said = [str(w.message).strip().splitlines()[0] for w in caught]
-            said = [line for line in said if line and not line.endswith("because:")]
-            return "; ".join(dict.fromkeys(said)) or str(error).splitlines()[0]
 
 
 class _OperatorNames(TorchDispatchMode):
