@@ -1,8 +1,9 @@
 """The course as a participant meets it: JupyterLab in a real (headless) browser runs notebook 00
 to its verdict and records the result in the participant's own results directory, as on a laptop and
 as a JupyterHub user (the course's kernel registered by ``course.sh kernel`` from a shared installation,
-the notebooks in their own folder); and runs notebook 10 to its end as a participant who is stuck on
-every exercise would (``course.reveal`` in place of each exercise cell).
+the notebooks in their own folder); and runs notebook 10 to its end. A failed or unanswered exercise
+stops "Run All" at its check, so both run as a participant who is stuck on every exercise would
+(``course.reveal`` in place of each exercise cell).
 
 Needs Debian's Chromium (`apt-get install -y chromium`) and Python Playwright (`pip install
 playwright`; never `playwright install`); skipped with a message where either is missing.
@@ -16,7 +17,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -124,7 +124,7 @@ def lab(tmp_path):
         pytest.skip(reason)
     root = tmp_path / "workspace"
     (root / "notebooks").mkdir(parents=True)
-    shutil.copy(checkout_root() / "notebooks" / NOTEBOOK, root / "notebooks" / NOTEBOOK)
+    _write_revealed(checkout_root() / "notebooks" / NOTEBOOK, root / "notebooks" / NOTEBOOK, skeletons=True)
     _write_revealed(checkout_root() / "notebooks" / BASELINE, root / "notebooks" / BASELINE)
     env = {key: value for key, value in os.environ.items()
            if key not in ("WORKSHOP_PROFILE", "WORKSHOP_STRICT", "WORKSHOP_RUN_ID")}
@@ -156,6 +156,8 @@ def hub_lab(tmp_path):
     home = tmp_path / "home"
     joined = join_course(home, venv)
     assert joined.returncode == 0, joined.stdout + joined.stderr
+    copied = home / "tinyllama-workshop" / "notebooks" / NOTEBOOK  # the user's copy, as course.sh kernel made it
+    _write_revealed(copied, copied, skeletons=True)
     env = hub_environment(home)
     # A hub's JupyterLab runs from an environment of its own, without the course's kernel; the JupyterLab
     # of these tests runs from the course's environment, where set-up registered that kernel too, and
@@ -168,19 +170,29 @@ def hub_lab(tmp_path):
                "venv_python": venv_python}
 
 
-def _write_revealed(source: Path, target: Path) -> list[str]:
+def _write_revealed(source: Path, target: Path, skeletons: bool = False) -> list[str]:
     """Copy the participant notebook ``source`` to ``target`` with every exercise cell that would raise
-    replaced by ``course.reveal("NN.k")``, as a participant who is stuck everywhere would run it.
-    Exercises with a skeleton (predictions left as ``None``) stay as the participant gets them."""
+    (``raise course.unanswered("NN.k")``) replaced by ``course.reveal("NN.k")``, as a participant who is
+    stuck everywhere would run it. Exercises with a skeleton (``return None``, predictions left as
+    ``None``) stay as the participant gets them, unless ``skeletons``: then every exercise of the
+    solution notebook is revealed (their checks would stop "Run All")."""
     import nbformat
 
+    from tinyllama.course.make_notebooks import exercises
+
     nb = nbformat.read(source, as_version=4)
+    at: dict[int, str] = {}
+    if skeletons:
+        solution = checkout_root() / "solutions" / source.name
+        at = {cell: exercise for exercise, (cell, _) in exercises(nbformat.read(solution, as_version=4),
+                                                                  solution.stem).items()}
     revealed = []
-    for cell in nb.cells:
-        found = re.search(r'raise NotImplementedError\("exercise (\d\d\.\d+)', cell.source) if cell.cell_type == "code" else None
-        if found:
-            cell.source = f'course.reveal("{found.group(1)}")'
-            revealed.append(found.group(1))
+    for index, cell in enumerate(nb.cells):
+        found = re.search(r'raise course\.unanswered\("(\d\d\.\d+)"\)', cell.source) if cell.cell_type == "code" else None
+        exercise = found.group(1) if found else at.get(index)
+        if exercise is not None:
+            cell.source = f'course.reveal("{exercise}")'
+            revealed.append(exercise)
     nbformat.write(nb, target)
     return revealed
 

@@ -4,6 +4,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from tinyllama import course
 from tinyllama.course import make_notebooks as mk
 from tinyllama.course.results import latest, record
 from tinyllama.course.reveal import reveal
@@ -55,9 +56,9 @@ def test_reveal_names_what_exists_when_the_id_is_wrong(solutions):
 
 def test_the_participant_cell_says_how_to_reveal():
     out = mk.strip_solutions(KERNEL_CELL)
-    assert "course.reveal('13.2')" in out and "total =" not in out
-    with pytest.raises(NotImplementedError, match=r"exercise 13\.2"):
-        exec(out, {})
+    assert 'course.unanswered("13.2")' in out and "total =" not in out
+    with pytest.raises(NotImplementedError, match=r'Exercise 13\.2 .* course\.reveal\("13\.2"\)'):
+        exec(out, {"course": course})
 
 
 def test_a_hint_that_spells_the_answer_is_refused():

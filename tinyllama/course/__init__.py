@@ -17,7 +17,10 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
   against its reference on fresh random inputs, odd shapes included), ``course.check_between`` (a number
   in its expected range, with ``why``), ``course.check_ratio`` (two timed series), and
   ``course.compare_prediction`` (a prediction beside the measurement); ``course.checkpoint(...)``
-  for anything else. Checks print PASS/CHECK and fail the notebook under ``WORKSHOP_STRICT=1``;
+  for anything else. Checks print PASS/CHECK and fail the notebook under ``WORKSHOP_STRICT=1``; in a
+  participant's kernel a failed check of the exercise's answer stops the notebook there
+  (:mod:`tinyllama.course.exercise_stop`: put the check in the first code cell after the exercise's, and
+  let its check statement use the names the exercise defines);
 - this device's roofs (matmul per precision, copy) as notebook 00 recorded them: ``course.device_ceilings``;
 - mark cells whose output is a fact, the same on a GPU and a CPU (counts, correctness checks,
   configuration tables), with ``# NBVAL_CHECK_OUTPUT``; measured numbers go in other cells;
@@ -29,6 +32,7 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
 from tinyllama.course.checkpoints import (check_allclose, check_between, check_close, check_equal,
                                           check_faster, checkpoint)
 from tinyllama.course.device_ceilings import DeviceCeilings, device_ceilings
+from tinyllama.course.exercise_stop import ExerciseCheckFailed, ExerciseNotAnswered, unanswered
 from tinyllama.course.feedback import (Mismatch, check_function, check_ratio, compare_outputs, compare_prediction,
                                        ratio_with_spread)
 from tinyllama.course.profile import PROFILES, Profile, get_profile, select_profile
@@ -36,7 +40,7 @@ from tinyllama.course.results import latest, load_results, record, results_dir
 from tinyllama.course.reveal import reveal
 from tinyllama.course.session import Session, start
 
-__all__ = ["PROFILES", "DeviceCeilings", "Mismatch", "Profile", "Session", "check_allclose", "check_between", "check_close",
+__all__ = ["PROFILES", "DeviceCeilings", "ExerciseCheckFailed", "ExerciseNotAnswered", "Mismatch", "Profile", "Session", "check_allclose", "check_between", "check_close",
            "check_equal", "check_faster", "check_function", "check_ratio", "checkpoint", "compare_outputs",
            "compare_prediction", "device_ceilings", "get_profile", "latest", "load_results", "ratio_with_spread", "record",
-           "results_dir", "reveal", "select_profile", "start"]
+           "results_dir", "reveal", "select_profile", "start", "unanswered"]

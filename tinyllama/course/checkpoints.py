@@ -4,12 +4,20 @@ Each helper prints ``PASS: ...`` or ``CHECK: ...`` with the reason and returns `
 so a participant sees at once whether to go on or to look again. Under ``WORKSHOP_STRICT=1`` (set
 by the instructor runner and by CI) a failed checkpoint raises :class:`CheckpointFailed`, so a
 solution notebook that no longer gives plausible results fails its test instead of printing.
+
+In a Jupyter kernel, a failed check of an exercise's answer raises
+:class:`~tinyllama.course.exercise_stop.ExerciseCheckFailed` whatever ``WORKSHOP_STRICT`` says: the
+participant's "Run All" stops at that check with a short message (which exercise, what is wrong,
+``course.reveal("N.M")``), and the wrong value never reaches a later cell or the records. Which checks
+are an exercise's is decided in :mod:`tinyllama.course.exercise_stop`; a plausibility check on a measured
+result (``measured=True``, or a statement that does not use the answer) only prints outside strict mode.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any
 
 STRICT_VARIABLE = "WORKSHOP_STRICT"
@@ -24,13 +32,27 @@ def strict() -> bool:
     return os.environ.get(STRICT_VARIABLE, "").strip().lower() in ("1", "true", "yes")
 
 
-def checkpoint(ok: bool, passed: str, failed: str) -> bool:
-    """Print ``PASS: passed`` when ``ok``, else ``CHECK: failed`` (what to look at); return ``ok``."""
+def checkpoint(ok: bool, passed: str, failed: str, *, measured: bool = False) -> bool:
+    """Print ``PASS: passed`` when ``ok``, else ``CHECK: failed`` (what to look at); return ``ok``.
+
+    A failure raises :class:`~tinyllama.course.exercise_stop.ExerciseCheckFailed` when it is the check of
+    an exercise's answer in a notebook cell (see :func:`~tinyllama.course.exercise_stop.failing_exercise`;
+    never for ``measured=True``, a plausibility check on a measured result), and
+    :class:`CheckpointFailed` under ``WORKSHOP_STRICT=1``."""
     ok = bool(ok)
-    print(f"PASS: {passed}" if ok else f"CHECK: {failed}")
-    if not ok and strict():
+    if ok:
+        print(f"PASS: {passed}")
+        return True
+    if not measured:
+        from tinyllama.course.exercise_stop import ExerciseCheckFailed, failing_exercise
+
+        found = failing_exercise(sys._getframe(1))
+        if found is not None:  # its message shows what CHECK would print: raise instead of printing twice
+            raise ExerciseCheckFailed(failed, *found)
+    print(f"CHECK: {failed}")
+    if strict():
         raise CheckpointFailed(failed)
-    return ok
+    return False
 
 
 def _fmt(value: float) -> str:
@@ -75,12 +97,13 @@ def check_between(name: str, value: float, low: float, high: float, unit: str = 
 
 
 def check_faster(name: str, new_ms: float, old_ms: float, min_speedup: float = 1.0, hint: str = "") -> bool:
-    """``new_ms`` is at least ``min_speedup`` times faster than ``old_ms`` (two timings of one run)."""
+    """``new_ms`` is at least ``min_speedup`` times faster than ``old_ms`` (two timings of one run). A
+    measured result: it never stops a participant's notebook outside ``WORKSHOP_STRICT``."""
     speedup = old_ms / new_ms if new_ms > 0 else math.inf
     return checkpoint(speedup >= min_speedup,
                       f"{name} is {speedup:.2f}x faster ({_fmt(old_ms)} ms -> {_fmt(new_ms)} ms)",
                       f"{name} is {speedup:.2f}x ({_fmt(old_ms)} ms -> {_fmt(new_ms)} ms), expected at least "
-                      f"{min_speedup:.2f}x. {hint}".strip())
+                      f"{min_speedup:.2f}x. {hint}".strip(), measured=True)  # a timing: hardware decides it
 
 
 def check_allclose(name: str, actual: Any, expected: Any, rtol: float = 1e-5, atol: float = 1e-8,

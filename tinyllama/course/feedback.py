@@ -13,7 +13,9 @@
 
 A number against an expected range is :func:`tinyllama.course.checkpoints.check_between` (its ``why``
 says where the range comes from). Every check prints ``PASS``/``CHECK`` through
-:func:`~tinyllama.course.checkpoints.checkpoint` and fails the notebook under ``WORKSHOP_STRICT=1``.
+:func:`~tinyllama.course.checkpoints.checkpoint` and fails the notebook under ``WORKSHOP_STRICT=1``; in
+a participant's Jupyter kernel a failed check of an exercise's answer stops the notebook there
+(:mod:`tinyllama.course.exercise_stop`).
 """
 
 from __future__ import annotations
@@ -232,7 +234,8 @@ def ratio_with_spread(numerator: Sequence[float], denominator: Sequence[float]) 
 def check_ratio(name: str, numerator: Sequence[float], denominator: Sequence[float], low: float,
                 high: float = math.inf, why: str = "") -> bool:
     """The ratio of the medians of two timed series lies in ``[low, high]``; the feedback gives the
-    ratio with its spread band (from the quartiles), so a ratio inside the noise reads as such."""
+    ratio with its spread band (from the quartiles), so a ratio inside the noise reads as such. A
+    measured result: it never stops a participant's notebook outside ``WORKSHOP_STRICT``."""
     lo, ratio, hi = ratio_with_spread(numerator, denominator)
     band = f"{ratio:.3g} (spread {lo:.3g}..{hi:.3g}, {len(numerator)} and {len(denominator)} samples)"
     expected = f"{low:.3g}..{high:.3g}" if math.isfinite(high) else f">= {low:.3g}"
@@ -242,7 +245,7 @@ def check_ratio(name: str, numerator: Sequence[float], denominator: Sequence[flo
     noisy = lo <= high and hi >= low
     return checkpoint(False, "", f"{name} = {band}, outside the expected range {expected}"
                       + (" (though its spread reaches into it: repeat the measurement)" if noisy else "")
-                      + f".{reason}")
+                      + f".{reason}", measured=True)  # timings: the hardware decides, never stop a participant
 
 
 def compare_prediction(name: str, predicted: float | None, measured: float, unit: str = "") -> float | None:

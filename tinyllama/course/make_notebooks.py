@@ -7,7 +7,10 @@ keeps a ``# PARTICIPANT: predicted = None`` line. One or more ``# HINT: ...`` li
 the block say what to write. The participant's copy gets, at the same indentation::
 
     # TODO: <hint>
-    raise NotImplementedError("exercise 13.2: ...; stuck? run course.reveal('13.2')")
+    raise course.unanswered("13.2")
+
+(:func:`tinyllama.course.exercise_stop.unanswered`: the notebook stops there with a short message that
+says to write the answer or run ``course.reveal("13.2")``, not a traceback)
 
 or, when the block has ``# PARTICIPANT: <code>`` lines (a skeleton, e.g. inside a Triton kernel where
 ``raise`` cannot compile), the TODO lines followed by that code. A hint that gives the answer away is
@@ -46,7 +49,7 @@ import nbformat
 from tinyllama.course.jupyter_setup import IMPORT_GUARD, KERNELSPEC
 from tinyllama.course.results import checkout_root
 
-RAISE_LINE = 'raise NotImplementedError("exercise: write the code the TODO above describes")'
+RAISE_LINE = "raise course.unanswered()"  # an exercise without an id (see raise_line)
 NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
 EXERCISE_ID = re.compile(r"\d\d\.\d+")
 # The import guard at the top of a first code cell, whatever its message says (the generator rewrites it).
@@ -62,11 +65,12 @@ class MarkerError(ValueError):
 
 
 def raise_line(exercise: str | None) -> str:
-    """The line that stands in a participant's cell for the code they write."""
+    """The line that stands in a participant's cell for the code they write: it raises
+    :class:`~tinyllama.course.exercise_stop.ExerciseNotAnswered` (a ``NotImplementedError``), whose
+    message names the exercise and ``course.reveal``. The notebook's first cell imports ``course``."""
     if exercise is None:
         return RAISE_LINE
-    return (f'raise NotImplementedError("exercise {exercise}: write the code the TODO above describes; '
-            f'stuck? run course.reveal(\'{exercise}\')")')
+    return f'raise course.unanswered("{exercise}")'
 
 
 def _code_todo(indent: str, hints: list[str], exercise: str | None = None,
