@@ -119,7 +119,10 @@ def main() -> int:
     print("\n".join(lines))
     if args.record is not None and records:
         commit = os.environ.get("OURS_COMMIT") or course_commit()
-        source = f"{summary['date']}_{gpus}x{device_name.split()[-1].lower()}_distributed.json"
+        stem = f"{summary['date']}_{gpus}x{device_name.split()[-1].lower()}_distributed"
+        taken = {run.get("source") for run in load_json(args.record)}
+        source = next(name for name in (f"{stem}{f'-{k}' if k > 1 else ''}.json" for k in range(1, 1000))
+                      if name not in taken)  # a second run of the day gets -2: a record's sources are distinct
         append_json(args.record, [run_record(records, device=device_name, gpus=gpus, commit=commit, source=source,
                                              topic="distributed", summary=summary)])
         print(f"appended this run ({source}, commit {commit or 'unknown'}) to {args.record}")
