@@ -141,3 +141,23 @@ def test_profile_credits_forward_and_backward_to_their_modules():
     assert ops["flops"].sum() >= flops.training_flops(CONFIG, PRESET.batch_size, PRESET.seq_len)
     classified = {reference_classify(o, m) for o, m in zip(ops["operator"], ops["module"])}
     assert classified == set(bottlenecks.CATEGORIES)
+
+
+def test_cast_time_counts_autocasts_casts_only():
+    import pandas as pd
+
+    ops = pd.DataFrame({"operator": ["aten::_to_copy", "aten::mm", "aten::add", "aten::copy_", "aten::_to_copy"],
+                        "category": ["elementwise", "ffn", "elementwise", "elementwise", "other"],
+                        "time_ms": [2.0, 10.0, 2.0, 1.0, 1.0], "calls_per_step": [30, 6, 4, 2, 1]})
+    casts = bottlenecks.cast_time(ops)
+    assert casts["calls"] == 31 and casts["time_ms"] == 3.0  # copy_ is no cast of its own
+    assert casts["share_of_step"] == 3.0 / 16.0
+    assert casts["share_of_elementwise"] == 2.0 / 5.0  # the elementwise category's casts over its time
+    empty = bottlenecks.cast_time(ops[ops["operator"] != "aten::_to_copy"])
+    assert empty == {"calls": 0.0, "time_ms": 0.0, "share_of_step": 0.0, "share_of_elementwise": 0.0}
+
+
+def test_roof_bands_split_the_time_by_distance_from_the_roof():
+    bands = bottlenecks.roof_bands([4.0, 3.0, 2.0, 1.0], [1.2, 2.0, 5.0, 40.0])
+    assert list(bands.index) == ["within 2x", "2-10x", "over 10x"]
+    assert bands.tolist() == [0.7, 0.2, 0.1]  # 2.0x counts as within 2x (the bound is inclusive)

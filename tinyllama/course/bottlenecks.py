@@ -7,7 +7,9 @@
   their factor (forward FLOPs only, MACs for FLOPs, percent for a fraction, milliseconds for seconds);
 - :func:`check_roof_time`: a participant's time-at-the-roof function on fresh random operators;
 - :func:`check_step_speedup`: a participant's Amdahl's-law step speed-up on fresh random shares;
-- :func:`check_prediction`: a predicted step speed-up is a plausible number (not graded).
+- :func:`check_prediction`: a predicted step speed-up is a plausible number (not graded);
+- :func:`cast_time`: the time autocast's dtype casts take inside a profile of operators;
+- :func:`roof_bands`: how the step's time spreads over operators near and far from their roof.
 
 The categories are those of :data:`CATEGORIES`; each one is the target of one remedy of notebooks
 12-17 (fused projections, fused kernels, flash attention, compilation).
@@ -16,8 +18,9 @@ The categories are those of :data:`CATEGORIES`; each one is the target of one re
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
+import pandas as pd
 import torch
 
 from tinyllama.course.checkpoints import check_between, checkpoint
@@ -174,3 +177,36 @@ def check_rank(rank: str) -> bool:
                       f"bottleneck_rank {rank!r} should be two or more distinct categories from "
                       f"{', '.join(CATEGORIES)}, most costly first, joined by '>'"
                       + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+
+
+# The operator a dtype cast runs as (``tensor.to(dtype)`` and autocast's casts both reach it); its copy kernel
+# is its device time. ``aten::to`` and ``aten::copy_`` are left out: the first only calls it, and the second
+# also copies without a cast (contiguous copies, optimizer updates).
+CAST_OPERATORS = ("aten::_to_copy",)
+
+
+def cast_time(ops: pd.DataFrame) -> dict[str, float]:
+    """Autocast's dtype casts in a profile of operators (``modules.profile_modules``' rows: ``operator``,
+    ``category``, ``time_ms`` and ``calls_per_step`` per step): their calls, time, share of the profiled
+    time and share of the element-wise category they are sorted into. Zeros where nothing casts (fp32)."""
+    casts = ops[ops["operator"].isin(CAST_OPERATORS)]
+    total = float(ops["time_ms"].sum())
+    elementwise = float(ops.loc[ops["category"] == "elementwise", "time_ms"].sum())
+    time_ms = float(casts["time_ms"].sum())
+    in_elementwise = float(casts.loc[casts["category"] == "elementwise", "time_ms"].sum())
+    return {"calls": float(casts["calls_per_step"].sum()), "time_ms": time_ms,
+            "share_of_step": time_ms / total if total else 0.0,
+            "share_of_elementwise": in_elementwise / elementwise if elementwise else 0.0}
+
+
+def roof_bands(time_ms: Sequence[float], over_roof: Sequence[float],
+               edges: Sequence[float] = (2.0, 10.0)) -> pd.Series:
+    """The share of ``time_ms`` (operators' times per step) held by operators within ``edges[0]`` x their
+    roof time, between the edges, and beyond the last one, by their ``over_roof`` (measured / roof time)."""
+    frame = pd.DataFrame({"time_ms": list(time_ms), "over": list(over_roof)})
+    bounds = [0.0, *edges, float("inf")]
+    labels = [f"within {edges[0]:g}x"] + [f"{a:g}-{b:g}x" for a, b in zip(edges, edges[1:])] + [f"over {edges[-1]:g}x"]
+    bands = pd.cut(frame["over"], bounds, labels=labels, right=True)
+    shares = frame.groupby(bands, observed=False)["time_ms"].sum() / frame["time_ms"].sum()
+    return shares.reindex(labels, fill_value=0.0)
+
