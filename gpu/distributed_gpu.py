@@ -88,7 +88,7 @@ def main() -> int:
     counts = [k for k in (1, 2, 4) if k <= gpus]
     if gpus < 2:
         print(f"only {gpus} GPU visible: the multi-GPU runs are skipped", flush=True)
-    strategies = [s for s in args.strategies if s != "fsdp" or fsdp_available()]
+    strategies = [s for s in args.strategies if not s.startswith("fsdp") or fsdp_available()]
     failures = []
     for preset in args.presets:
         for k in counts:

@@ -467,16 +467,19 @@ def _bf16_fsdp_rank(rank: int, folder: Path) -> int:
 
     process_group.join(torch.device("cpu"), backend="gloo", timeout_s=30)
     try:
-        torch.manual_seed(0)
-        model = wrap(build("v2", get_preset("ci").model), "fsdp", torch.device("cpu"), "bf16")
-        seen: list[torch.dtype] = []
-        model.layers[0].attn.register_forward_pre_hook(
-            lambda module, args: seen.append(next(module.parameters()).dtype))
-        inputs = torch.randint(0, 64, (2, 8))
-        model(inputs).float().sum().backward()
-        shards = {p.dtype for p in model.parameters()}
-        grads = {p.grad.dtype for p in model.parameters() if p.grad is not None}
-        torch.save({"computed": seen, "shards": shards, "grads": grads}, folder / f"bf16-{rank}.pt")
+        found = {}
+        for strategy in ("fsdp", "fsdp-fp32"):
+            torch.manual_seed(0)
+            model = wrap(build("v2", get_preset("ci").model), strategy, torch.device("cpu"), "bf16")
+            seen: list[torch.dtype] = []
+            model.layers[0].attn.register_forward_pre_hook(
+                lambda module, args: seen.append(next(module.parameters()).dtype))
+            inputs = torch.randint(0, 64, (2, 8))
+            model(inputs).float().sum().backward()
+            shards = {p.dtype for p in model.parameters()}
+            grads = {p.grad.dtype for p in model.parameters() if p.grad is not None}
+            found[strategy] = {"computed": seen, "shards": shards, "grads": grads}
+        torch.save(found, folder / f"bf16-{rank}.pt")
     finally:
         process_group.teardown()
     return 0
@@ -489,15 +492,19 @@ def test_fsdp2_in_bf16_gathers_bf16_weights_and_keeps_fp32_shards(tmp_path):
         pytest.skip(f"PyTorch {torch.__version__} has no FSDP2 (fully_shard)")
     codes = _run_ranks(_bf16_fsdp_rank, tmp_path)
     assert codes == [0, 0], [(tmp_path / f"rank{r}.err").read_text()[-2000:] for r in range(2)]
-    seen = torch.load(tmp_path / "bf16-0.pt")
+    found = torch.load(tmp_path / "bf16-0.pt")
+    seen = found["fsdp"]
     assert seen["computed"] == [torch.bfloat16]
     assert seen["shards"] == {torch.float32} and seen["grads"] == {torch.float32}
+    # fsdp-fp32, the comparison without the policy: fp32 weights gathered (autocast casts inside each operator)
+    assert found["fsdp-fp32"]["computed"] == [torch.float32]
 
 
 def test_communication_bytes_with_bf16_gathers():
     from tinyllama.distributed import communication_bytes, gathered_bytes
 
     assert gathered_bytes("bf16") == 2 and gathered_bytes("fp32") == gathered_bytes("fp16") == 4
+    assert gathered_bytes("bf16", "fsdp-fp32") == 4 and communication_bytes(1000, "fsdp-fp32", 4) == 9_000
     # FSDP2 on 4 ranks, 1,000 parameters: 3/4 of (2 gathers x 2 bytes + 1 reduce-scatter x 4 bytes) a parameter.
     assert communication_bytes(1000, "fsdp", 4, gathered_bytes_per_value=2) == 6_000
     assert communication_bytes(1000, "fsdp", 4) == 9_000 and communication_bytes(1000, "ddp", 4) == 6_000

@@ -15,7 +15,10 @@ the gradients: equal up to fp32 rounding; ``tests/test_distributed.py`` checks i
   state; the gradients are averaged with all-reduce, bucket by bucket, during the backward.
 - ``fsdp``: FSDP2 (``fully_shard``, each decoder block and then the whole model): every rank keeps
   1/N of the weights, gradients and optimizer state; a block's weights are all-gathered just before
-  it runs and its gradients reduce-scattered after.
+  it runs and its gradients reduce-scattered after. In bf16 with a mixed-precision policy (bf16
+  gathers, fp32 reduce-scatter);
+- ``fsdp-fp32``: the same FSDP2 without that policy (fp32 gathers under autocast), for the comparison
+  of the two in one launch (``--strategy fsdp fsdp-fp32``).
 
 Each rank measures what ``tinyllama.bench`` measures on one GPU (step time and its phases, tokens/s,
 memory), after a correctness check and warm-up; rank 0 gathers every rank's figures and adds the
@@ -60,7 +63,7 @@ from tinyllama.settings import check_precision
 from tinyllama.timing import Stats, summarize
 from tinyllama.training import DATA_PHASES, TrainingStep, configure_determinism
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "fsdp-fp32")
 
 
 class RankFailure(RuntimeError):
@@ -123,7 +126,7 @@ def check_strategy(strategy: str) -> None:
     """Raise ``ConfigError`` for an unknown strategy, or FSDP2 on a PyTorch without it."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    if strategy == "fsdp" and not fsdp_available():
+    if strategy.startswith("fsdp") and not fsdp_available():
         raise ConfigError(f"FSDP2 (fully_shard) needs PyTorch 2.4 or newer; this is {torch.__version__}: "
                           "use --strategy ddp")
 
@@ -166,7 +169,7 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, precision: str =
                                        gradient_as_bucket_view=True, broadcast_buffers=False)
     fully_shard = _fully_shard()
     assert fully_shard is not None
-    policy = _mixed_precision_policy(precision)
+    policy = _mixed_precision_policy(precision) if strategy == "fsdp" else None  # fsdp-fp32: none
     options = {} if policy is None else {"mp_policy": policy}
     for block in model.layers:
         fully_shard(block, **options)
@@ -231,14 +234,15 @@ def communication_bytes(num_parameters: int, strategy: str, world_size: int, byt
     share = (world_size - 1) / world_size * num_parameters
     if strategy == "ddp":
         return round(2 * share * bytes_per_value)
-    if strategy == "fsdp":
+    if strategy.startswith("fsdp"):
         return round(share * (2 * gathered + bytes_per_value))
     raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
 
 
-def gathered_bytes(precision: str) -> int:
-    """Bytes per weight that FSDP2 all-gathers at a training precision under :func:`wrap`'s policy."""
-    return 2 if _mixed_precision_policy(precision) is not None else 4
+def gathered_bytes(precision: str, strategy: str = "fsdp") -> int:
+    """Bytes per weight that ``strategy`` all-gathers at a training precision, as :func:`wrap` sets it up
+    (2 for ``fsdp`` in bf16, under its policy; 4 otherwise)."""
+    return 2 if strategy == "fsdp" and _mixed_precision_policy(precision) is not None else 4
 
 
 def counted_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
