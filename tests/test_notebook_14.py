@@ -1,15 +1,19 @@
 """Notebook 14's exercise checks catch plausible wrong answers: each check cell of the solution notebook is
 run on the reference answer (it passes) and on an answer with one typical mistake (it fails, under
-WORKSHOP_STRICT=1)."""
+WORKSHOP_STRICT=1). The Triton exercise (14.4) runs through Triton's interpreter here, in fp32."""
 
 import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from notebook_exercises import SolutionExercises
 from tinyllama import course
+from tinyllama.course import attention_kernel_checks
 from tinyllama.course.checkpoints import CheckpointFailed
+from tinyllama.course.reveal import reveal
 from tinyllama.course.results import checkout_root
 from tinyllama.kernels import flash_attention_reference
 
@@ -31,7 +35,7 @@ def _run(notebook, exercise, replace=None, setup=""):
 
 
 def test_the_reference_answers_pass(notebook):
-    assert set(notebook.found) == {"14.1", "14.2", "14.3", "14.4"}
+    assert set(notebook.found) == {"14.1", "14.2", "14.3", "14.4", "14.5"}
     for exercise in ("14.1", "14.2", "14.3"):
         _run(notebook, exercise)
 
@@ -74,7 +78,97 @@ def test_tiled_attention_mistakes_fail(notebook, mistake):
 
 
 def test_memory_prediction_in_bf16_bytes_fails():
-    # The check of 14.4 compares measured / predicted with 0.6..1.7: probabilities counted at 2 bytes
+    # The check of 14.5 compares measured / predicted with 0.6..1.7: probabilities counted at 2 bytes
     # (the inputs' bf16) instead of the reference's fp32 are 2x off.
     with pytest.raises(CheckpointFailed):
         course.check_between("math path: measured / predicted saved bytes", 2.05, 0.6, 1.7)
+
+
+# ---- exercise 14.4: the inner loop of the notebook's own Triton forward, in the interpreter -----------------
+
+# On a CPU the kernel runs through the interpreter in fp32; on a GPU (the same tests, run there) compiled, in bf16.
+ON_GPU = torch.cuda.is_available()
+DEVICE, DTYPE = (torch.device("cuda"), torch.bfloat16) if ON_GPU else (torch.device("cpu"), torch.float32)
+
+
+def _kernel_namespace():
+    # What the notebook defines before the exercise cell.
+    return {"torch": torch, "math": math, "triton": triton, "tl": tl, "on_gpu": ON_GPU, "device": DEVICE,
+            "dtype": DTYPE, "attention_kernel_checks": attention_kernel_checks}
+
+
+def test_the_kernel_exercise_sits_in_its_loop_and_its_check_follows(notebook):
+    source = notebook.source("14.4")
+    assert "@triton.jit" in source and "for start_n in range(0, hi, BLOCK_N):" in source
+    assert "mask=in_seq[:, None], other=0.0" in source  # the frame's key/value loads are masked
+    assert "check_attention_kernel(my_attention" in notebook.check_source("14.4")
+
+
+def test_the_reference_loop_passes_at_lengths_that_are_not_multiples_of_the_block(notebook):
+    namespace = notebook.run("14.4", _kernel_namespace())
+    assert namespace["own_kernel_ok"] is True
+    assert 100 % namespace["BLOCK_M"] and 37 % namespace["BLOCK_N"]
+    q, k, v = (torch.randn(1, n, 45, 32).to(DEVICE, DTYPE) for n in (4, 2, 2))  # grouped-query heads, a ragged block
+    for causal in (True, False):
+        assert torch.allclose(namespace["my_attention"](q, k, v, causal=causal).float(),
+                              flash_attention_reference(q, k, v, causal=causal).float(),
+                              **attention_kernel_checks.tolerance(DTYPE))
+
+
+KERNEL_SLIPS = {
+    "no_acc_rescale": ("acc = acc * alpha[:, None] + ", "acc = acc + "),
+    "no_l_rescale": ("l_i = l_i * alpha + ", "l_i = l_i + "),
+    "no_causal_mask": ("keep = keep & (offs_m[:, None] >= cols[None, :])", "keep = keep"),
+    "strict_causal_mask": ("offs_m[:, None] >= cols[None, :]", "offs_m[:, None] > cols[None, :]"),
+    "no_scale": ("tl.dot(q, tl.trans(k)) * sm_scale", "tl.dot(q, tl.trans(k))"),
+    "no_end_mask": ("keep = in_seq[None, :]", "keep = offs_n[None, :] >= 0"),
+    "masked_to_zero": ('tl.where(keep, qk, float("-inf"))', "tl.where(keep, qk, 0.0)"),
+}
+
+
+@pytest.mark.parametrize("slip", sorted(KERNEL_SLIPS))
+def test_each_slip_in_the_loop_fails_with_its_own_message(notebook, slip):
+    with pytest.raises(CheckpointFailed) as failed:
+        notebook.run("14.4", _kernel_namespace(), KERNEL_SLIPS[slip])
+    message = str(failed.value)
+    assert f"[{slip}] {attention_kernel_checks.SLIPS[slip]}" in message
+    others = set(attention_kernel_checks.SLIPS) - {slip} - ({"no_end_mask"} if slip == "masked_to_zero" else set())
+    assert not [other for other in others if f"[{other}]" in message]  # the message names this mistake alone
+
+
+def test_an_unwritten_loop_body_says_nothing_was_accumulated(notebook):
+    source = notebook.source("14.4")
+    begin, end = source.index("        # BEGIN SOLUTION 14.4"), source.index("        # END SOLUTION")
+    namespace = _kernel_namespace()
+    exec(source[:begin] + "        pass\n" + source[source.index("\n", end) + 1:], namespace)
+    with pytest.raises(CheckpointFailed, match="Every element is NaN: l_i is still 0"):
+        exec(notebook.check_source("14.4"), namespace)
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU no hook sees a load: one whose lanes are masked later goes unnoticed")
+def test_an_unmasked_load_in_the_frame_is_named_not_a_crash(notebook):
+    unmasked = ("k = tl.load(k_ptrs + cols[:, None] * stride_kn, mask=in_seq[:, None], other=0.0)",
+                "k = tl.load(k_ptrs + cols[:, None] * stride_kn)")
+    with pytest.raises(CheckpointFailed, match=r"read .*past .*end.*is every tl.load masked"):
+        notebook.run("14.4", _kernel_namespace(), unmasked)
+
+
+def test_the_model_of_the_loop_is_the_reference_without_slips_and_refuses_unknown_ones():
+    q, k, v = (torch.randn(2, n, 53, 16) for n in (4, 2, 2))
+    for causal in (True, False):
+        assert torch.allclose(attention_kernel_checks.tiled_attention(q, k, v, causal, 32, 16),
+                              flash_attention_reference(q, k, v, causal=causal), atol=1e-5, rtol=1e-4)
+    # Where a slip cannot show, it changes nothing: keys past the end are masked by the causal mask anyway.
+    assert torch.allclose(attention_kernel_checks.tiled_attention(q, k, v, True, 32, 16, ("no_end_mask",)),
+                          flash_attention_reference(q, k, v, causal=True), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="unknown slip"):
+        attention_kernel_checks.tiled_attention(q, k, v, True, 32, 16, ("no_mask",))
+
+
+@pytest.mark.skipif(ON_GPU, reason="@triton.jit compiles from the source file; reveal() runs the cell from a string")
+def test_the_kernel_exercise_reveals_and_runs_in_the_interpreter(capsys):
+    namespace = _kernel_namespace()
+    assert "tl.dot(p.to(v.dtype), v)" in reveal("14.4", namespace)
+    q, k, v = (torch.randn(1, n, 70, 32) for n in (2, 1, 1))
+    assert torch.allclose(namespace["my_attention"](q, k, v), flash_attention_reference(q, k, v), atol=1e-5,
+                          rtol=1e-4)

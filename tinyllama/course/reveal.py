@@ -8,6 +8,7 @@ the rest of the notebook runs. The participant's own attempt is not touched.
 
 from __future__ import annotations
 
+import linecache
 import sys
 import textwrap
 from pathlib import Path
@@ -59,6 +60,9 @@ def reveal(exercise: str, namespace: MutableMapping[str, Any] | None = None, run
     print(textwrap.indent(answer, "    "))
     if run:
         target = namespace if namespace is not None else sys._getframe(1).f_globals
-        exec(compile(_runnable(nb.cells[index].source), f"<solution of exercise {exercise}>", "exec"), target)
+        code, filename = _runnable(nb.cells[index].source), f"<solution of exercise {exercise}>"
+        # A compiled @triton.jit reads its function's source through linecache: give it the cell's text.
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        exec(compile(code, filename, "exec"), target)
         print(f"\nThe solution cell of exercise {exercise} has run: its names are defined; go on with the next cell.")
     return answer
