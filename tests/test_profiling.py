@@ -62,7 +62,7 @@ def test_top_operators_and_the_cpu_has_no_device_kernels(run):
     assert tuple(kernels.columns) == KERNEL_COLUMNS and kernels.empty
     overhead = run.overhead()
     assert overhead.cpu_ms > 0 and overhead.ratio is None and "needs a GPU" in overhead.verdict
-    assert "aten::mm" in run.table(row_limit=5)
+    assert "aten::mm" in run.table(row_limit=50)  # the whole table: the order of CPU times moves with the load
 
 
 def test_overhead_verdicts():
