@@ -6,11 +6,22 @@ that a typical wrong answer fails it (under ``WORKSHOP_STRICT=1``, see the ``str
 
 from __future__ import annotations
 
+import hashlib
+import linecache
+
 import nbformat
 
 from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
 
+
+
+def run_source(source: str, namespace: dict) -> None:
+    """``exec`` a cell's source in ``namespace`` under a file name that ``linecache`` knows, as a notebook
+    kernel does: a compiled ``@triton.jit`` reads its function's source from there (the interpreter does not)."""
+    filename = f"<cell {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
 
 class SolutionExercises:
     """The exercises of ``solutions/<stem>.ipynb``: ``found`` maps an exercise id ("16.2") to its cell."""
@@ -40,7 +51,7 @@ class SolutionExercises:
             check: bool = True) -> dict:
         """Execute the solution of ``exercise`` (with ``replace``) and, if ``check``, its check cell, in
         ``namespace``; return the namespace."""
-        exec(self.source(exercise, replace), namespace)
+        run_source(self.source(exercise, replace), namespace)
         if check:
-            exec(self.check_source(exercise), namespace)
+            run_source(self.check_source(exercise), namespace)
         return namespace

@@ -161,3 +161,30 @@ def test_roof_bands_split_the_time_by_distance_from_the_roof():
     bands = bottlenecks.roof_bands([4.0, 3.0, 2.0, 1.0], [1.2, 2.0, 5.0, 40.0])
     assert list(bands.index) == ["within 2x", "2-10x", "over 10x"]
     assert bands.tolist() == [0.7, 0.2, 0.1]  # 2.0x counts as within 2x (the bound is inclusive)
+
+
+def test_a_casts_copy_is_credited_to_the_cast():
+    """``x.to(dtype)`` runs aten::_to_copy, whose child aten::copy_ does the work: the row of the cast holds
+    that time, and the aten::copy_ rows keep only the copies that cast nothing (those of the same model
+    without the casts)."""
+
+    class Model(torch.nn.Module):
+        def __init__(self, cast: bool) -> None:
+            super().__init__()
+            self.proj, self.cast = torch.nn.Linear(64, 64), cast
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x.to(torch.float64).to(torch.float32) if self.cast else x)
+
+    x = torch.randn(256, 64)
+    copies = {}
+    for cast in (True, False):
+        model = Model(cast)
+        _, ops = modules.profile_modules(lambda: model(x), model, device="cpu", wait=0, warmup=1, active=2)
+        copies[cast] = ops.loc[ops["operator"] == "aten::copy_", "calls_per_step"].sum()
+        casts = ops[ops["operator"] == "aten::_to_copy"]
+        if cast:
+            assert casts["calls_per_step"].sum() == 2 and casts["time_ms"].sum() > 0
+        else:
+            assert casts.empty
+    assert copies[True] == copies[False]

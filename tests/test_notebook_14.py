@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from notebook_exercises import SolutionExercises
+from notebook_exercises import SolutionExercises, run_source
 from tinyllama import course
 from tinyllama.course import attention_kernel_checks
 from tinyllama.course.checkpoints import CheckpointFailed
@@ -30,7 +30,7 @@ def notebook():
 def _run(notebook, exercise, replace=None, setup=""):
     """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
     namespace = {"torch": torch, "math": math, "course": course, "flash_attention_reference": flash_attention_reference}
-    exec(setup, namespace)
+    run_source(setup, namespace)
     notebook.run(exercise, namespace, replace)
 
 
@@ -140,9 +140,9 @@ def test_an_unwritten_loop_body_says_nothing_was_accumulated(notebook):
     source = notebook.source("14.4")
     begin, end = source.index("        # BEGIN SOLUTION 14.4"), source.index("        # END SOLUTION")
     namespace = _kernel_namespace()
-    exec(source[:begin] + "        pass\n" + source[source.index("\n", end) + 1:], namespace)
+    run_source(source[:begin] + "        pass\n" + source[source.index("\n", end) + 1:], namespace)
     with pytest.raises(CheckpointFailed, match="Every element is NaN: l_i is still 0"):
-        exec(notebook.check_source("14.4"), namespace)
+        run_source(notebook.check_source("14.4"), namespace)
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU no hook sees a load: one whose lanes are masked later goes unnoticed")

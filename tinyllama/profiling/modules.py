@@ -116,7 +116,8 @@ def module_operator_times(run: ProfileRun, prefix: str = RANGE_PREFIX) -> pd.Dat
     ``operator`` (the ATen name, or a kernel's name for a kernel launched outside operators), ``module``
     (the innermost module path, ``""`` outside every module), ``phase`` (forward, backward, optimizer,
     outside phases), ``calls_per_step``, ``time_ms`` (self CPU time on a CPU, device time of the
-    launched kernels on a GPU), ``flops`` (the profiler's estimate; 0 where it has none). Sorted by time."""
+    launched kernels on a GPU; a dtype cast's copy kernel counts for its ``aten::_to_copy``), ``flops``
+    (the profiler's estimate; 0 where it has none). Sorted by time."""
     events = [e for e in run.profiler.events() if not is_device_event(e)]
     # Forward operators that created an autograd node recorded its sequence number: map it to a module.
     forward_module: dict[tuple[int, int], str] = {}
@@ -151,13 +152,20 @@ def module_operator_times(run: ProfileRun, prefix: str = RANGE_PREFIX) -> pd.Dat
     for event in events:
         operator = row_kind(event.name) == "operator"
         flops = float(getattr(event, "flops", 0) or 0) if operator else 0.0
+        parent = getattr(event, "cpu_parent", None)
+        # A dtype cast (autocast's, or .to(dtype)) copies through a child aten::copy_: that copy's time is the
+        # cast's, so it goes to the cast's row, and the aten::copy_ rows keep the copies that cast nothing.
+        cast_copy = operator and event.name == "aten::copy_" and parent is not None and parent.name == "aten::_to_copy"
+        owner, calls = (parent, 0) if cast_copy else (event, 1)
         if not run.on_device:
             if operator:
-                add(event.name, module_of(event), _phase(event), float(event.self_cpu_time_total), flops, 1)
+                add(owner.name, module_of(owner), _phase(owner), float(event.self_cpu_time_total), 0.0 if cast_copy else flops,
+                    calls)
             continue
         kernels = _kernels(event)
         if operator:
-            add(event.name, module_of(event), _phase(event), sum(k.duration for k in kernels), flops, 1)
+            add(owner.name, module_of(owner), _phase(owner), sum(k.duration for k in kernels), 0.0 if cast_copy else flops,
+                calls)
         else:
             for kernel in kernels:
                 add(kernel.name, module_of(event), _phase(event), kernel.duration, 0.0, 1)
