@@ -7,21 +7,19 @@ that a typical wrong answer fails it (under ``WORKSHOP_STRICT=1``, see the ``str
 from __future__ import annotations
 
 import hashlib
-import linecache
 
 import nbformat
 
 from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
-
+from tinyllama.course.reveal import run_cell
 
 
 def run_source(source: str, namespace: dict) -> None:
-    """``exec`` a cell's source in ``namespace`` under a file name that ``linecache`` knows, as a notebook
-    kernel does: a compiled ``@triton.jit`` reads its function's source from there (the interpreter does not)."""
-    filename = f"<cell {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), namespace)
+    """Run a cell's source as the notebook kernel would (:func:`tinyllama.course.reveal.run_cell`), under a
+    file name of its own: a planted mistake is another source, so another name."""
+    run_cell(source, namespace, f"<cell {hashlib.sha1(source.encode()).hexdigest()[:12]}>")
+
 
 class SolutionExercises:
     """The exercises of ``solutions/<stem>.ipynb``: ``found`` maps an exercise id ("16.2") to its cell."""

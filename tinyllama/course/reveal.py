@@ -42,6 +42,14 @@ def _runnable(source: str) -> str:
     return TransformerManager().transform_cell(source)
 
 
+def run_cell(source: str, namespace: MutableMapping[str, Any], filename: str) -> None:
+    """``exec`` a notebook cell's source in ``namespace`` under ``filename``, registered with ``linecache`` as a
+    notebook kernel does: a compiled ``@triton.jit`` reads its function's source from there (the Triton
+    interpreter does not, so without it a cell runs on a CPU and fails on a GPU)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
 def reveal(exercise: str, namespace: MutableMapping[str, Any] | None = None, run: bool = True,
            solutions: Path | None = None) -> str:
     """Show the reference answer of ``exercise`` and, with ``run``, execute its solution cell in
@@ -60,9 +68,6 @@ def reveal(exercise: str, namespace: MutableMapping[str, Any] | None = None, run
     print(textwrap.indent(answer, "    "))
     if run:
         target = namespace if namespace is not None else sys._getframe(1).f_globals
-        code, filename = _runnable(nb.cells[index].source), f"<solution of exercise {exercise}>"
-        # A compiled @triton.jit reads its function's source through linecache: give it the cell's text.
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        exec(compile(code, filename, "exec"), target)
+        run_cell(_runnable(nb.cells[index].source), target, f"<solution of exercise {exercise}>")
         print(f"\nThe solution cell of exercise {exercise} has run: its names are defined; go on with the next cell.")
     return answer
