@@ -69,3 +69,108 @@ def test_torchrun_command_check(capsys):
     assert "--nproc-per-node must be 2" in capsys.readouterr().out
     assert not check_torchrun_command(_argv()[:-2], processes=2, per_gpu_batch=4)
     assert "--json" in capsys.readouterr().out
+
+
+# ---- 21.4 and 21.5: data parallelism by hand, against DDP on two gloo processes ------------------------
+
+import linecache  # noqa: E402
+
+import torch.distributed as dist  # noqa: E402
+
+from tinyllama import course  # noqa: E402
+from tinyllama.course import hand_ddp  # noqa: E402
+from tinyllama.course.exercise_stop import ExerciseNotAnswered  # noqa: E402
+from tinyllama.course.make_notebooks import strip_solutions  # noqa: E402
+from tinyllama.models import lm_loss  # noqa: E402
+
+KINDS = {"21.4": ("step", "train_step"), "21.5": ("overlap", "overlap_gradients")}
+
+
+def _define(source: str, name: str, label: str):
+    """Run a cell's source as a notebook would, so that ``inspect.getsource`` finds it (IPython keeps every
+    cell in linecache under a file name of its own)."""
+    filename = f"<test cell {label}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"__name__": "__main__", "dist": dist, "lm_loss": lm_loss, "course": course}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
+def _cell(exercise: str) -> str:
+    nb = nbformat.read(PATH, as_version=4)
+    return nb.cells[exercises(nb, PATH.stem)[exercise][0]].source
+
+
+def _candidate(exercise: str, slip: str | None = None):
+    kind, name = KINDS[exercise]
+    source = _cell(exercise) if slip is None else hand_ddp.plant(_cell(exercise), slip)
+    return kind, _define(source, name, slip or exercise)
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    """Every slip of hand_ddp.SLIPS and both references, checked in three launches of the two ranks: the
+    slip that hangs one rank runs alone, since the ranks stop after it."""
+    hanging = {"one_rank"}
+    groups = [{"21.4": _candidate("21.4"), "21.5": _candidate("21.5")}
+              | {slip: _candidate(spec["exercise"], slip) for slip, spec in hand_ddp.SLIPS.items() if slip not in hanging},
+              {slip: _candidate(hand_ddp.SLIPS[slip]["exercise"], slip) for slip in hanging}]
+    found = {}
+    for group in groups:
+        found.update(hand_ddp.evaluate(group))
+    return found
+
+
+@pytest.mark.parametrize("exercise", ["21.4", "21.5"])
+def test_the_reference_trains_like_ddp_on_gloo(verdicts, exercise):
+    verdict = verdicts[exercise]
+    assert verdict.ok, verdict.message
+    assert "trains like DDP" in verdict.message
+
+
+@pytest.mark.parametrize("slip", sorted(hand_ddp.SLIPS))
+def test_each_slip_fails_with_its_own_message(verdicts, slip):
+    verdict = verdicts[slip]
+    assert not verdict.ok
+    assert hand_ddp.SLIPS[slip]["says"] in verdict.message, verdict.message
+    others = [name for name, spec in hand_ddp.SLIPS.items() if name != slip and spec["says"] in verdict.message]
+    assert not others, f"{slip}'s message also reads like {others}: {verdict.message}"
+
+
+def test_the_checks_follow_their_exercises_and_reveal_works():
+    nb = nbformat.read(PATH, as_version=4)
+    found = exercises(nb, PATH.stem)
+    for exercise, call in (("21.4", "check_train_step(train_step)"), ("21.5", "check_overlap(overlap_gradients)")):
+        index = found[exercise][0]
+        after = next(cell for cell in nb.cells[index + 1:] if cell.cell_type == "code")
+        assert call in after.source  # the first code cell after the exercise is its check
+    namespace = {"dist": dist, "lm_loss": lm_loss, "course": course}
+    course.reveal("21.4", namespace)
+    course.reveal("21.5", namespace)
+    # A revealed function has no file of its own: its source comes from the solution notebook.
+    assert "dist.all_reduce(param.grad)" in hand_ddp.ship(namespace["train_step"])["sources"][0]
+    assert "register_post_accumulate_grad_hook" in hand_ddp.ship(namespace["overlap_gradients"])["sources"][0]
+
+
+@pytest.mark.parametrize("exercise, check", [("21.4", hand_ddp.check_train_step), ("21.5", hand_ddp.check_overlap)])
+def test_an_unanswered_exercise_says_so_before_starting_any_process(exercise, check):
+    kind, name = KINDS[exercise]
+    stub = _define(strip_solutions(_cell(exercise)), name, f"stub {exercise}")
+    with pytest.raises(ExerciseNotAnswered, match=exercise.replace(".", r"\.")):
+        check(stub)
+
+
+def test_a_function_that_uses_what_cannot_travel_is_refused_with_a_message():
+    source = "import threading\nlock = threading.Lock()\n\ndef train_step(model, optimizer, inputs, targets):\n    with lock:\n        pass\n"
+    with pytest.raises(hand_ddp.ShipError, match="`lock`"):
+        hand_ddp.ship(_define(source, "train_step", "lock"))
+    lock = __import__("threading").Lock()
+
+    def train_step(model, optimizer, inputs, targets):
+        with lock:
+            pass
+
+    with pytest.raises(hand_ddp.ShipError, match="inside another function"):
+        hand_ddp.ship(train_step)
+    shipped = hand_ddp.ship(_candidate("21.4")[1])
+    assert shipped["name"] == "train_step" and not shipped["values"]
