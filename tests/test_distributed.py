@@ -509,3 +509,92 @@ def test_communication_bytes_with_bf16_gathers():
     assert communication_bytes(1000, "fsdp", 4, gathered_bytes_per_value=2) == 6_000
     assert communication_bytes(1000, "fsdp", 4) == 9_000 and communication_bytes(1000, "ddp", 4) == 6_000
     assert communication_bytes(1000, "fsdp", 1, gathered_bytes_per_value=2) == 0
+
+
+# ---- variants, ZeRO arithmetic, named lanes ------------------------------------------------------------
+
+from tinyllama.distributed import check_strategy, communication_bytes, parse_strategy, zero_state_bytes  # noqa: E402
+from tinyllama.errors import ConfigError  # noqa: E402
+
+
+def test_a_variant_is_read_from_its_text_and_a_bad_one_is_refused():
+    assert parse_strategy("ddp") == ("ddp", {})
+    assert parse_strategy("ddp:bucket_cap_mb=5,accumulate=4,no_sync=1") == (
+        "ddp", {"bucket_cap_mb": 5.0, "accumulate": 4, "no_sync": True})
+    assert parse_strategy("fsdp:reshard_after_forward=0") == ("fsdp", {"reshard_after_forward": False})
+    for bad, message in (("dpp", "unknown strategy"), ("fsdp:bucket_cap_mb=5", "fsdp takes"),
+                         ("ddp:accumulate=two", "not a number"), ("ddp:accumulate=0", "at least 1"),
+                         ("zero1:no_sync=1", "zero1 takes")):
+        with pytest.raises(ConfigError, match=message):
+            parse_strategy(bad)
+    with pytest.raises(ConfigError, match="fp16"):
+        check_strategy("zero1", "fp16")
+
+
+def test_zero_stages_shard_the_optimizer_state_then_the_gradients_then_the_parameters():
+    p, n = 1_000, 4
+    totals = [sum(zero_state_bytes(p, stage, n).values()) for stage in range(4)]
+    assert totals == [16 * p, 4 * p + 12 * p / n, 2 * p + 14 * p / n, 16 * p / n]
+    assert all(sum(zero_state_bytes(p, stage, 1).values()) == 16 * p for stage in range(4))  # one rank: no sharding
+    assert zero_state_bytes(p, 1, n)["master weights"] == 4 * p / n and zero_state_bytes(p, 1, n)["parameters"] == 2 * p
+    with pytest.raises(ConfigError, match="stages"):
+        zero_state_bytes(p, 4, n)
+
+
+def test_communication_bytes_of_the_variants():
+    p, n = 1_000_000, 4
+    ddp = communication_bytes(p, "ddp", n)
+    assert communication_bytes(p, "ddp:accumulate=4", n) == 4 * ddp  # an all-reduce after every micro-batch
+    assert communication_bytes(p, "ddp:accumulate=4,no_sync=1", n) == ddp  # one per optimizer step
+    assert communication_bytes(p, "ddp:bucket_cap_mb=1", n) == ddp  # buckets split the bytes, not add to them
+    assert communication_bytes(p, "zero1", n) == pytest.approx(1.5 * ddp, abs=1)  # + the broadcast of the shards
+    assert model_state_bytes(p, "zero1", n)["optimizer state"] == 8 * p // n
+
+
+def test_the_lanes_are_named_by_what_runs_on_them():
+    import pandas as pd
+
+    from tinyllama.profiling.communication import lane_names
+
+    def frame(rows):
+        return pd.DataFrame([{"lane": lane, "name": name, "start_ms": 0.0, "duration_ms": 1.0, "collective": coll}
+                             for lane, name, coll in rows])
+
+    gpu = frame([("stream 7", "ampere_sgemm", False), ("stream 7", "elementwise", False),
+                 ("stream 20", "ncclDevKernel_AllGather_RING_LL", True),
+                 ("stream 20", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", True),
+                 ("stream 9", "Memcpy DtoD", False)])
+    assert lane_names(gpu, "NCCL") == {"stream 7": "compute stream", "stream 20": "NCCL stream: all-gather, reduce-scatter",
+                                       "stream 9": "copy stream"}
+    cpu = frame([("thread 1", "aten::linear", False), ("thread 1", "aten::mm", False),
+                 ("thread 1", "c10d::allreduce_", True), ("thread 9", "gloo:all_reduce", True),
+                 ("thread 10", "gloo:all_reduce", True)])
+    named = lane_names(cpu, "gloo")
+    assert named["thread 1"] == "main thread: forward, backward, optimizer"
+    # two lanes that would read the same keep their ids
+    assert named["thread 9"] == "gloo thread: all-reduce [thread 9]" and named["thread 10"].endswith("[thread 10]")
+
+
+def test_variants_count_their_all_reduces_and_no_sync_keeps_the_loss_curve(tmp_path):
+    """One launch: a small bucket cap, gradient accumulation with and without no_sync, ZeRO-1, and the plain
+    all-reduce reference; counted by the communication hook, checked against DDP's losses."""
+    def target(rank: int, folder: Path) -> int:
+        return main(["--preset", "ci", "--batch-size", "4", "--num-steps", "2", "--warmup-steps", "1", "--quiet",
+                     "--device", "cpu", "--profiled-steps", "1", "--time-all-reduce", "--json", str(folder / "runs.json"),
+                     "--strategy", "ddp", "ddp:bucket_cap_mb=0.05", "ddp:accumulate=2", "ddp:accumulate=2,no_sync=1",
+                     "zero1"])
+
+    assert _run_ranks(target, tmp_path) == [0, 0], [(tmp_path / f"rank{r}.err").read_text()[-2000:] for r in range(2)]
+    runs = {r["strategy"]: r for r in json.loads((tmp_path / "runs.json").read_text()) if r["rank"] == 0}
+    assert runs["ddp"]["bucket_all_reduces_per_step"] is None  # the plain run has no hook
+    assert runs["ddp:bucket_cap_mb=0.05"]["bucket_all_reduces_per_step"] > 1  # 0.4 MiB of gradients in several buckets
+    synced, unsynced = runs["ddp:accumulate=2"], runs["ddp:accumulate=2,no_sync=1"]
+    assert synced["bucket_all_reduces_per_step"] == 2 * unsynced["bucket_all_reduces_per_step"]
+    assert synced["accumulation_steps"] == 2 and synced["losses"] == pytest.approx(unsynced["losses"], rel=1e-5)
+    # ZeRO-1: the same updates as DDP, half of AdamW's state on each of the 2 ranks
+    assert runs["zero1"]["losses"] == pytest.approx(runs["ddp"]["losses"], rel=1e-5)
+    assert runs["zero1"]["counted_optimizer_state_mib"] == pytest.approx(runs["ddp"]["counted_optimizer_state_mib"] / 2,
+                                                                        rel=0.01)
+    assert all(r["all_reduce_ms"] > 0 and r["all_reduce_bytes"] == 4 * r["num_parameters"] for r in runs.values())
+    # variants are timed, not profiled
+    assert runs["ddp"]["communication_ms"] > 0 and runs["zero1"]["communication_ms"] is None

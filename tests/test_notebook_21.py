@@ -174,3 +174,48 @@ def test_a_function_that_uses_what_cannot_travel_is_refused_with_a_message():
         hand_ddp.ship(train_step)
     shipped = hand_ddp.ship(_candidate("21.4")[1])
     assert shipped["name"] == "train_step" and not shipped["values"]
+
+
+# ---- 21.6: the ZeRO memory formula, part by part ---------------------------------------------------
+
+from tinyllama.course.zero_checks import check_zero_formula  # noqa: E402
+
+_SHARDED_FROM = {"parameters": 3, "gradients": 2, "master weights": 1, "optimizer moments": 1}
+_BYTES = {"parameters": 2, "gradients": 2, "master weights": 4, "optimizer moments": 8}
+
+
+def _zero(bytes_=_BYTES, sharded_from=_SHARDED_FROM, divide_at_stage0=False):
+    def formula(p, stage, n):
+        return {part: bytes_[part] * p / (n if stage >= sharded_from[part] or (divide_at_stage0 and stage == 0) else 1)
+                for part in bytes_}
+    return formula
+
+
+def test_the_zero_reference_passes():
+    nb = nbformat.read(PATH, as_version=4)
+    namespace: dict = {}
+    exec(nb.cells[exercises(nb, PATH.stem)["21.6"][0]].source, namespace)
+    assert check_zero_formula(namespace["zero_bytes_per_rank"])
+    assert check_zero_formula(_zero())
+
+
+@pytest.mark.parametrize("wrong, cause", [
+    (_zero(bytes_={**_BYTES, "master weights": 0}), "the fp32 master copy is missing"),
+    (_zero(bytes_={**_BYTES, "optimizer moments": 4}), "AdamW keeps two moments"),
+    (_zero(sharded_from={**_SHARDED_FROM, "parameters": 1}), "stage 1 keeps the whole parameters on every rank"),
+    (_zero(divide_at_stage0=True), "stage 0 (plain DDP) shards nothing"),
+    (_zero(sharded_from={**_SHARDED_FROM, "gradients": 3}), "stage 2 shards the gradients"),
+    (_zero(bytes_={**_BYTES, "parameters": 4, "gradients": 4}), "are bf16: 2 bytes a parameter"),
+])
+def test_each_wrong_zero_formula_fails_with_its_own_cause(wrong, cause, capsys):
+    assert not check_zero_formula(wrong)
+    out = capsys.readouterr().out
+    assert cause in out, out
+    others = [c for c in ("master copy is missing", "two moments", "shards nothing", "are bf16")
+              if c not in cause and c in out]
+    assert not others, out
+
+
+def test_a_zero_formula_that_returns_a_number_is_told_to_return_the_parts(capsys):
+    assert not check_zero_formula(lambda p, stage, n: 16 * p)
+    assert "return a dict with the keys" in capsys.readouterr().out

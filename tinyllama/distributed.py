@@ -19,6 +19,17 @@ the gradients: equal up to fp32 rounding; ``tests/test_distributed.py`` checks i
   gathers, fp32 reduce-scatter);
 - ``fsdp-fp32``: the same FSDP2 without that policy (fp32 gathers under autocast), for the comparison
   of the two in one launch (``--strategy fsdp fsdp-fp32``).
+- ``zero1``: DDP with ``torch.distributed.optim.ZeroRedundancyOptimizer``: the gradients all-reduced as
+  in DDP, AdamW's state sharded over the ranks (ZeRO stage 1); each rank updates its shard of the
+  weights and broadcasts it to the others.
+
+A strategy takes variants after a colon, ``BASE:key=value,key=value`` (:func:`parse_strategy`):
+``bucket_cap_mb`` (DDP's bucket size, MiB), ``accumulate`` (micro-batches per optimizer step) and
+``no_sync`` (1: DDP all-reduces only the last micro-batch's backward of each step) for ``ddp`` and
+``zero1``; ``reshard_after_forward`` (0: FSDP2 keeps each block's gathered weights from its forward to
+its backward, like ZeRO stage 2; 1, the default: frees them, stage 3) for ``fsdp``. A variant also
+counts DDP's bucket all-reduces (a communication hook that calls the default one). Variants are timed,
+not profiled.
 
 Each rank measures what ``tinyllama.bench`` measures on one GPU (step time and its phases, tokens/s,
 memory), after a correctness check and warm-up; rank 0 gathers every rank's figures and adds the
@@ -63,7 +74,14 @@ from tinyllama.settings import check_precision
 from tinyllama.timing import Stats, summarize
 from tinyllama.training import DATA_PHASES, TrainingStep, configure_determinism
 
-STRATEGIES = ("ddp", "fsdp", "fsdp-fp32")
+STRATEGIES = ("ddp", "fsdp", "fsdp-fp32", "zero1")
+# The options a variant may set, per base strategy, and how each is read from its text.
+VARIANT_OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
+    "ddp": {"bucket_cap_mb": float, "accumulate": int, "no_sync": lambda v: bool(int(v))},
+    "zero1": {"bucket_cap_mb": float, "accumulate": int},
+    "fsdp": {"reshard_after_forward": lambda v: bool(int(v)), "accumulate": int},
+    "fsdp-fp32": {"reshard_after_forward": lambda v: bool(int(v)), "accumulate": int},
+}
 
 
 class RankFailure(RuntimeError):
@@ -122,13 +140,38 @@ def fsdp_available() -> bool:
     return _fully_shard() is not None
 
 
-def check_strategy(strategy: str) -> None:
-    """Raise ``ConfigError`` for an unknown strategy, or FSDP2 on a PyTorch without it."""
-    if strategy not in STRATEGIES:
+def parse_strategy(strategy: str) -> tuple[str, dict[str, Any]]:
+    """``"ddp:bucket_cap_mb=5,accumulate=4"`` -> ``("ddp", {"bucket_cap_mb": 5.0, "accumulate": 4})``.
+    Raises ``ConfigError`` for an unknown base, option or value."""
+    base, _, rest = strategy.partition(":")
+    if base not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    if strategy.startswith("fsdp") and not fsdp_available():
+    allowed = VARIANT_OPTIONS[base]
+    options: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, equals, value = item.partition("=")
+        if key not in allowed or not equals:
+            raise ConfigError(f"strategy {strategy!r}: {base} takes {', '.join(f'{k}=VALUE' for k in allowed)}, "
+                              f"not {item!r}")
+        try:
+            options[key] = allowed[key](value)
+        except ValueError:
+            raise ConfigError(f"strategy {strategy!r}: {key}={value!r} is not a number") from None
+    if options.get("accumulate", 1) < 1 or options.get("bucket_cap_mb", 1.0) <= 0:
+        raise ConfigError(f"strategy {strategy!r}: accumulate must be at least 1 and bucket_cap_mb above 0")
+    return base, options
+
+
+def check_strategy(strategy: str, precision: str = "fp32") -> None:
+    """Raise ``ConfigError`` for an unknown strategy or variant, FSDP2 on a PyTorch without it, or ZeRO-1
+    with fp16 (its gradient scaler does not know the sharded optimizer)."""
+    base, _ = parse_strategy(strategy)
+    if base.startswith("fsdp") and not fsdp_available():
         raise ConfigError(f"FSDP2 (fully_shard) needs PyTorch 2.4 or newer; this is {torch.__version__}: "
                           "use --strategy ddp")
+    if base == "zero1" and precision == "fp16":
+        raise ConfigError("zero1 runs in fp32, tf32 or bf16: fp16's gradient scaler does not support "
+                          "ZeroRedundancyOptimizer")
 
 
 def _mixed_precision_policy(precision: str) -> Any:
@@ -158,23 +201,65 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, precision: str =
     lost in the sum over ranks). DDP has no such policy: autocast casts its fp32 weights inside each
     operator, and it all-reduces fp32 gradients.
     """
-    check_strategy(strategy)
-    if strategy == "ddp":
+    check_strategy(strategy, precision)
+    base, variant = parse_strategy(strategy)
+    if base in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel
 
         # broadcast_buffers=False: the model's only buffers are constant (RoPE's tables, the causal mask);
         # broadcasting them from rank 0 before every forward (DDP's default) adds a collective to each step
         # for nothing.
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                       gradient_as_bucket_view=True, broadcast_buffers=False)
+        extra = {"bucket_cap_mb": variant["bucket_cap_mb"]} if "bucket_cap_mb" in variant else {}
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                          gradient_as_bucket_view=True, broadcast_buffers=False, **extra)
+        if variant:
+            count_bucket_all_reduces(wrapped)
+        return wrapped
     fully_shard = _fully_shard()
     assert fully_shard is not None
-    policy = _mixed_precision_policy(precision) if strategy == "fsdp" else None  # fsdp-fp32: none
-    options = {} if policy is None else {"mp_policy": policy}
+    policy = _mixed_precision_policy(precision) if base == "fsdp" else None  # fsdp-fp32: none
+    options: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
+    if "reshard_after_forward" in variant:
+        options["reshard_after_forward"] = variant["reshard_after_forward"]
     for block in model.layers:
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
+
+
+def count_bucket_all_reduces(ddp: nn.Module) -> None:
+    """Count the bucket all-reduces of a ``DistributedDataParallel`` in ``ddp.bucket_all_reduces`` (a list
+    of one int), through a communication hook that does what DDP does without one (PyTorch's
+    ``allreduce_hook``: divide by the world size, all-reduce)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    counter = [0]
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses annotations other than its own types
+        counter[0] += 1
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    ddp.bucket_all_reduces = counter  # type: ignore[assignment]
+
+
+class NoSyncStep(TrainingStep):
+    """A training step for gradient accumulation under DDP: every micro-batch but the last of an optimizer
+    step runs inside ``model.no_sync()``, so that DDP only adds up the gradients locally and all-reduces
+    once per step (after the last micro-batch's backward) instead of once per micro-batch."""
+
+    _left = 1
+
+    def accumulate(self, batches: Any, steps: int = 1, timer: Any = None) -> torch.Tensor:
+        self._left = steps
+        return super().accumulate(batches, steps, timer)
+
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale: float, timer: Any) -> torch.Tensor:
+        self._left -= 1
+        if self._left > 0:
+            with self.model.no_sync():
+                return super()._forward_backward(inputs, targets, scale, timer)
+        return super()._forward_backward(inputs, targets, scale, timer)
 
 
 def inner_model(model: nn.Module) -> nn.Module:
@@ -210,13 +295,35 @@ def model_state_bytes(num_parameters: int, strategy: str, world_size: int, bytes
     optimizer state by the world size and keeps no buckets between steps (its gradients, 4/N a
     parameter, are freed by ``zero_grad(set_to_none=True)`` like the plain model's)."""
     p = num_parameters
+    shard = -(-p // world_size)
     if strategy == "none":  # one process, the plain model
         return {"weights": bytes_per_value * p, "optimizer state": 2 * bytes_per_value * p}
-    if strategy == "ddp":
+    base, _ = parse_strategy(strategy)
+    if base == "ddp":
         return {"weights": bytes_per_value * p, "optimizer state": 2 * bytes_per_value * p,
                 "gradient buckets": bytes_per_value * p}
-    shard = -(-p // world_size)
+    if base == "zero1":  # ZeroRedundancyOptimizer: AdamW's state of 1/N of the parameters on each rank
+        return {"weights": bytes_per_value * p, "optimizer state": 2 * bytes_per_value * shard,
+                "gradient buckets": bytes_per_value * p}
     return {"weights": bytes_per_value * shard, "optimizer state": 2 * bytes_per_value * shard}
+
+
+ZERO_PARTS = ("parameters", "gradients", "master weights", "optimizer moments")
+
+
+def zero_state_bytes(num_parameters: int, stage: int, world_size: int) -> dict[str, float]:
+    """The bytes one rank keeps for the model's state in bf16 mixed-precision training with Adam(W), as the
+    ZeRO paper and the Ultra-Scale Playbook count them: bf16 parameters (2 bytes a parameter) and
+    gradients (2), an fp32 master copy of the weights (4) and Adam's two fp32 moments (4 + 4). ZeRO stage 1
+    shards the optimizer state (master copy and moments) over the ``world_size`` ranks, stage 2 the
+    gradients too, stage 3 the parameters too; stage 0 (plain DDP) shards nothing."""
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"ZeRO stages are 0, 1, 2 and 3, not {stage!r}")
+    if world_size < 1 or num_parameters < 0:
+        raise ConfigError(f"need world_size >= 1 and num_parameters >= 0 (got {world_size}, {num_parameters})")
+    p, n = num_parameters, world_size
+    return {"parameters": 2 * p / (n if stage >= 3 else 1), "gradients": 2 * p / (n if stage >= 2 else 1),
+            "master weights": 4 * p / (n if stage >= 1 else 1), "optimizer moments": 8 * p / (n if stage >= 1 else 1)}
 
 
 def communication_bytes(num_parameters: int, strategy: str, world_size: int, bytes_per_value: int = 4,
@@ -227,29 +334,38 @@ def communication_bytes(num_parameters: int, strategy: str, world_size: int, byt
     again for the backward) and reduce-scatters the gradients once, ``3 (N-1)/N``. One process
     (``"none"``) sends nothing. ``bytes_per_value``: the gradients' (fp32, 4 bytes); FSDP2's gathered
     weights take ``gathered_bytes_per_value`` (default the same; 2 under its bf16 mixed-precision policy,
-    which :func:`wrap` sets for bf16 runs: :func:`gathered_bytes`)."""
+    which :func:`wrap` sets for bf16 runs: :func:`gathered_bytes`).
+
+    Per optimizer step, variants included: ``zero1`` adds the broadcast of each rank's updated shard to
+    the others (one more pass of the weights); with ``accumulate=k`` DDP all-reduces after each of the
+    k micro-batches' backwards, unless ``no_sync`` keeps all but the last local; FSDP2 gathers and
+    reduce-scatters per micro-batch."""
     if strategy == "none" or world_size == 1:
         return 0
+    base, variant = parse_strategy(strategy)
     gathered = bytes_per_value if gathered_bytes_per_value is None else gathered_bytes_per_value
     share = (world_size - 1) / world_size * num_parameters
-    if strategy == "ddp":
-        return round(2 * share * bytes_per_value)
-    if strategy.startswith("fsdp"):
-        return round(share * (2 * gathered + bytes_per_value))
-    raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    backwards = variant.get("accumulate", 1)
+    reductions = 1 if variant.get("no_sync") else backwards
+    if base == "ddp":
+        return round(2 * share * bytes_per_value * reductions)
+    if base == "zero1":
+        return round(2 * share * bytes_per_value * reductions + share * bytes_per_value)
+    return round(share * (2 * gathered + bytes_per_value) * backwards)
 
 
 def gathered_bytes(precision: str, strategy: str = "fsdp") -> int:
     """Bytes per weight that ``strategy`` all-gathers at a training precision, as :func:`wrap` sets it up
     (2 for ``fsdp`` in bf16, under its policy; 4 otherwise)."""
-    return 2 if strategy == "fsdp" and _mixed_precision_policy(precision) is not None else 4
+    return 2 if parse_strategy(strategy)[0] == "fsdp" and _mixed_precision_policy(precision) is not None else 4
 
 
 def counted_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """The bytes of the tensors this rank holds for weights and optimizer state, counted (local
     shards only, under FSDP2): the formula's figures, checked on the real objects."""
     weights = sum(_local(p).numel() * _local(p).element_size() for p in model.parameters())
-    state = sum(_local(t).numel() * _local(t).element_size() for s in optimizer.state.values()
+    local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: this rank's own AdamW
+    state = sum(_local(t).numel() * _local(t).element_size() for s in local.state.values()
                 for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
     return {"weights": weights, "optimizer state": state}
 
@@ -283,6 +399,7 @@ class RankResult:
     exposed_transfer_ms: float | None = None
     communication_steps: list[dict[str, Any]] = field(default_factory=list)  # the above, per profiled step
     communication_profile: Any = None  # this rank's RankProfile, until rank 0 has combined them all
+    bucket_all_reduces_per_step: float | None = None  # DDP variants: bucket all-reduces per optimizer step
 
 
 @dataclass
@@ -310,6 +427,11 @@ class DistributedResult:
     predicted_state_mib: dict[str, float]
     baseline_tokens_per_s: float | None = None
     communication_problems: list[str] = field(default_factory=list)  # check_physical's findings, if any
+    accumulation_steps: int = 1  # micro-batches (of local_batch_size each) per optimizer step
+    # A plain all-reduce of the gradients' bytes (fp32) in the same process group (--time-all-reduce):
+    all_reduce_bytes: int | None = None
+    all_reduce_ms: float | None = None
+    all_reduce_busbw_gbs: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, torch.Tensor] | None = None
     torch_version: str = torch.__version__
@@ -341,7 +463,8 @@ class DistributedResult:
                         "trace_path": r.trace_path, "profiled_step_ms": r.profiled_step_ms,
                         "transfer_ms": r.transfer_ms, "wait_ms": r.wait_ms,
                         "exposed_transfer_ms": r.exposed_transfer_ms,
-                        "communication_steps": r.communication_steps})
+                        "communication_steps": r.communication_steps,
+                        "bucket_all_reduces_per_step": r.bucket_all_reduces_per_step})
             row.update(r.step_ms.as_dict(prefix="step_ms_"))
             row.update({f"{phase}_ms_median": ms for phase, ms in r.phase_ms.items()})
             row.update({f"counted_{k.replace(' ', '_')}_mib": v for k, v in r.counted_state_mib.items()})
@@ -372,6 +495,13 @@ class DistributedResult:
             lines.append(f"  IMPOSSIBLE communication figure, not to be trusted: {problem}")
         lines.append(f"  global: {self.tokens_per_s:,.0f} tokens/s (slowest rank {self.slowest_step_ms:.2f} ms/step), "
                      f"loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}")
+        counts = [r.bucket_all_reduces_per_step for r in self.ranks if r.bucket_all_reduces_per_step is not None]
+        if counts:
+            lines.append(f"  {max(counts):g} bucket all-reduce(s) per optimizer step"
+                         + (f" of {self.accumulation_steps} micro-batches" if self.accumulation_steps > 1 else ""))
+        if self.all_reduce_ms is not None:
+            lines.append(f"  a plain all-reduce of the gradients' {self.all_reduce_bytes / 2**20:,.2f} MiB here: "
+                         f"{self.all_reduce_ms:.3f} ms, bus bandwidth {self.all_reduce_busbw_gbs:,.2f} GB/s")
         if self.scaling_efficiency is not None:
             lines.append(f"  scaling efficiency {100 * self.scaling_efficiency:.1f}% against {self.world_size} x "
                          f"{self.baseline_tokens_per_s:,.0f} tokens/s (1 process, same per-GPU batch)")
@@ -451,14 +581,15 @@ def run_distributed(
     ``fail_rank`` makes that rank raise ``RankFailure`` at timed-or-warm-up step ``fail_step``.
     """
     check_precision(precision)
-    check_strategy(strategy)
+    check_strategy(strategy, precision)
+    accumulate = parse_strategy(strategy)[1].get("accumulate", 1) if dist.is_initialized() else 1
     if num_steps < 1 or warmup_steps < 0 or profiled_steps < 0:
         raise ConfigError(f"need num_steps >= 1 and warmup_steps, profiled_steps >= 0 "
                           f"(got {num_steps}, {warmup_steps}, {profiled_steps})")
     if version not in VERSIONS:
         raise ConfigError(f"unknown version {version!r}: choose one of {', '.join(VERSIONS)}")
     ctx = process_group.current()
-    steps_needed = warmup_steps + num_steps
+    steps_needed = (warmup_steps + num_steps) * accumulate
     run = _Run.build(strategy, version, preset, batch_size, seq_len, precision, seed, device, dataset, shuffle,
                      steps_needed, model_options, config_overrides)
     config, batch_size, seq_len, local_batch = run.config, run.batch_size, run.seq_len, run.local_batch
@@ -466,8 +597,11 @@ def run_distributed(
     num_parameters = sum(p.numel() for p in model.parameters())
     inputs, targets = batches[0]
     check_every_parameter_trained(wrapped, lambda: step.loss(inputs, targets))
+    counter = getattr(wrapped, "bucket_all_reduces", None)
+    if counter is not None:
+        counter[0] = 0  # count the warm-up and timed steps only
     runner: Any = _FailAt(step, fail_step, ctx.label) if fail_rank == ctx.rank else step
-    warmup_ms, phase_ms, losses = _time_steps(runner, iter(batches), 1, warmup_steps, num_steps,
+    warmup_ms, phase_ms, losses = _time_steps(runner, iter(batches), accumulate, warmup_steps, num_steps,
                                               f"{strategy} {version} {precision}" if progress and ctx.is_main else None)
     memory = dev.memory_stats(device)
     at_rest = None if memory.current_bytes is None else memory.current_bytes / 2**20
@@ -478,11 +612,12 @@ def run_distributed(
     mine = RankResult(
         rank=ctx.rank, device=dev.device_name(device), step_ms=step_stats,
         phase_ms={p: summarize(phase_ms[p]).median for p in DATA_PHASES}, warmup_ms=warmup_ms, losses=losses,
-        tokens_per_s=local_batch * seq_len / (step_stats.median / 1e3), peak_memory_mib=memory.peak_mib,
+        tokens_per_s=accumulate * local_batch * seq_len / (step_stats.median / 1e3), peak_memory_mib=memory.peak_mib,
         allocated_at_rest_mib=at_rest, counted_state_mib=counted,
         communication_ms=None, exposed_communication_ms=None,
         collectives=[] if communication is None else communication.collectives().to_dict("records"),
         trace_path=None if trace is None else str(trace), communication_profile=communication,
+        bucket_all_reduces_per_step=None if counter is None else counter[0] / (warmup_steps + num_steps),
     )
     weights = full_state_dict(wrapped) if return_weights else None
     ranks = process_group.gather(mine, ctx)
@@ -497,9 +632,9 @@ def run_distributed(
         version=version, preset=preset,
         precision=precision, global_batch_size=batch_size, local_batch_size=local_batch, seq_len=seq_len,
         num_parameters=num_parameters, num_steps=num_steps, warmup_steps=warmup_steps, ranks=ranks,
-        losses=global_losses, tokens_per_s=batch_size * seq_len / (slowest / 1e3), slowest_step_ms=slowest,
+        losses=global_losses, tokens_per_s=accumulate * batch_size * seq_len / (slowest / 1e3), slowest_step_ms=slowest,
         predicted_state_mib=predicted, baseline_tokens_per_s=baseline_tokens_per_s,
-        communication_problems=problems, config=config.to_dict(), weights=weights,
+        communication_problems=problems, config=config.to_dict(), weights=weights, accumulation_steps=accumulate,
     )
 
 
@@ -532,7 +667,16 @@ class _Run:
         configure_determinism(seed, deterministic=False)  # the same initial weights on every rank
         model = build(version, config, **dict(model_options or {})).to(device).train()
         wrapped = wrap(model, strategy, device, precision) if dist.is_initialized() else model
-        step = TrainingStep(wrapped, precision, device, fused_optimizer=getattr(model, "fused_optimizer", False))
+        base, variant = parse_strategy(strategy)
+        kind = NoSyncStep if dist.is_initialized() and variant.get("no_sync") else TrainingStep
+        step = kind(wrapped, precision, device, fused_optimizer=getattr(model, "fused_optimizer", False))
+        if base == "zero1" and dist.is_initialized():
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            # AdamW as TrainingStep sets it up, its state sharded: each rank keeps and updates 1/N of it.
+            step.optimizer = ZeroRedundancyOptimizer(
+                wrapped.parameters(), optimizer_class=torch.optim.AdamW, lr=step.optimizer.defaults["lr"],
+                weight_decay=0.0, **({"fused": True} if step.fused_optimizer else {}))
         return cls(config, batch_size, seq_len, local_batch, device, batches, model, wrapped, step)
 
 
@@ -559,6 +703,18 @@ def profile_communication(result: DistributedResult, *, batch_size: int | None =
     del run
     dev.free_memory(device)
     return result
+
+
+def time_gradient_all_reduce(results: Sequence[DistributedResult], device: torch.device) -> None:
+    """Time a plain all-reduce of as many bytes as the model's fp32 gradients in the current process group
+    (``tinyllama.allreduce``: the slowest rank's median) and write its time and bus bandwidth into every
+    result (in place): the reference the training steps' collectives are compared with. Every rank calls it."""
+    from tinyllama.allreduce import time_all_reduce
+
+    timing = time_all_reduce(4 * results[0].num_parameters, device, iterations=5, warmup=2, inner=3)
+    for result in results:
+        result.all_reduce_bytes, result.all_reduce_ms = timing.bytes, timing.median_ms
+        result.all_reduce_busbw_gbs = timing.busbw_gbs
 
 
 def _combine_communication(ranks: list[RankResult]) -> list[str]:
@@ -670,8 +826,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--strategy", nargs="+", default=["ddp"],
-                        help=f"{' or '.join(STRATEGIES)} (FSDP2, fully_shard), or both, run one after the other "
-                             "in the same processes (default ddp)")
+                        help=f"{', '.join(STRATEGIES)} (FSDP2: fully_shard; zero1: DDP with ZeroRedundancyOptimizer), "
+                             "or several, run one after the other in the same processes (default ddp); a variant "
+                             "as BASE:key=value,...: ddp:bucket_cap_mb=5, ddp:accumulate=4,no_sync=1, "
+                             "fsdp:reshard_after_forward=0 (variants are timed, not profiled)")
     parser.add_argument("--version", default="v1", help=f"model version ({', '.join(VERSIONS)})")
     add_problem_size_arguments(parser)
     parser.set_defaults()
@@ -685,6 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens/s of a 1-GPU run with the same per-GPU batch: prints the scaling efficiency")
     parser.add_argument("--profiled-steps", type=int, default=2,
                         help="steps profiled after the timed ones, for the communication time (0: none; default 2)")
+    parser.add_argument("--time-all-reduce", action="store_true",
+                        help="after the timed runs, time a plain all-reduce of the gradients' bytes (fp32) in the same "
+                             "process group: its time and bus bandwidth go into every record")
     parser.add_argument("--trace-dir", metavar="DIR", help="every rank writes the profiled steps' trace there "
                                                             "(Chrome/Perfetto JSON)")
     parser.add_argument("--save-weights", metavar="PATH", help="rank 0 saves the final weights (whole) to PATH "
@@ -713,9 +874,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         # Refused before any rank waits for another: every rank finds the same fault and says so.
-        for strategy in args.strategy:
-            check_strategy(strategy)
         check_precision(args.precision)
+        for strategy in args.strategy:
+            check_strategy(strategy, args.precision)
         _, global_batch, _ = resolve_config(args.preset, args.batch_size, args.seq_len, **shape_overrides(args))
         ctx.local_batch(global_batch)
         if args.fail_rank is not None and not 0 <= args.fail_rank < ctx.world_size:
@@ -735,8 +896,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return_weights=bool(args.save_weights), fail_rank=args.fail_rank, fail_step=args.fail_step,
                 model_options=options, progress=not args.quiet, **shape_overrides(args)))
             dev.free_memory(device)
+        if args.time_all_reduce and ctx.distributed and results:
+            time_gradient_all_reduce(results, device)
         if args.profiled_steps:
-            for result in results:
+            # Variants and zero1 are timed only: the profile is for the timeline of DDP and FSDP2 themselves.
+            for result in (r for r in results if r.strategy in ("ddp", "fsdp", "fsdp-fp32")):
                 profile_communication(result, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
                                       device=device, profiled_steps=args.profiled_steps, trace_dir=args.trace_dir,
                                       model_options=options, **shape_overrides(args))

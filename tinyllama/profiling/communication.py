@@ -451,3 +451,44 @@ def trace_timeline(path: str | Path, step: int | None = None) -> pd.DataFrame:
                           for lane, e in rows if begin <= float(e["ts"]) < end],
                          columns=["lane", "name", "start_ms", "duration_ms", "collective"])
     return frame.sort_values(["lane", "start_ms"], ignore_index=True)
+
+
+_KINDS = (("all-reduce", re.compile(r"all_?reduce", re.IGNORECASE)),
+          ("all-gather", re.compile(r"all_?gather", re.IGNORECASE)),
+          ("reduce-scatter", re.compile(r"reduce_?scatter", re.IGNORECASE)),
+          ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+          ("all-to-all", re.compile(r"all_?to_?all", re.IGNORECASE)))
+_COPY = re.compile(r"memcpy|memset", re.IGNORECASE)
+
+
+def collective_kinds(names: Iterable[str]) -> list[str]:
+    """The kinds of collective (``all-reduce``, ``all-gather``, ...) that event names show, in a fixed order."""
+    names = list(names)
+    return [kind for kind, pattern in _KINDS if any(pattern.search(n) for n in names)]
+
+
+def lane_names(timeline: pd.DataFrame, library: str) -> dict[str, str]:
+    """A name for every lane of :func:`trace_timeline` by what runs on it, instead of its stream or thread
+    id: on a GPU ``"compute stream"`` (kernels, no collective), ``"NCCL stream: all-reduce"`` (only
+    collectives: ``library`` names them), ``"copy stream"`` (only copies and sets), ``"compute + NCCL
+    stream"``; on the CPU the thread with the most operators is ``"main thread: forward, backward,
+    optimizer"``, the others (where gloo runs its collectives) ``"gloo thread: all-gather, ..."``. The
+    id follows in brackets where two lanes would read the same."""
+    on_cpu = timeline.lane.astype(str).str.startswith("thread").all()
+    names: dict[str, str] = {}
+    busiest = timeline[~timeline.collective].lane.value_counts()
+    main = busiest.index[0] if on_cpu and len(busiest) else None
+    for lane, part in timeline.groupby("lane", sort=False):
+        kinds = collective_kinds(part[part.collective].name)
+        what = ", ".join(kinds) or "collectives"
+        if on_cpu:
+            names[lane] = ("main thread: forward, backward, optimizer" if lane == main else
+                           f"{library} thread: {what}" if part.collective.any() else "other thread")
+        elif part.collective.all():
+            names[lane] = f"{library} stream: {what}"
+        elif not part.collective.any():
+            names[lane] = "copy stream" if part.name.map(lambda n: bool(_COPY.search(n))).all() else "compute stream"
+        else:
+            names[lane] = f"compute + {library} stream: {what}"
+    counts = pd.Series(list(names.values())).value_counts()
+    return {lane: f"{name} [{lane}]" if counts[name] > 1 else name for lane, name in names.items()}
