@@ -38,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from inference import scaling  # noqa: E402
 from inference.recorded import scaling_table  # noqa: E402
 from tinyllama import allreduce  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
@@ -88,12 +89,15 @@ def launch(k: int, plan: list[dict[str, Any]], name: str, s: dict[str, Any], out
     print(f"\n=== {name} on {k} process(es) ===\n{' '.join(argv)}", flush=True)
     try:
         done = subprocess.run(argv, env=env, cwd=ROOT, timeout=timeout, capture_output=True, text=True)
-        status, tail = done.returncode, "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
+        output = done.stdout + done.stderr
+        status, tail = done.returncode, "\n".join(output.strip().splitlines()[-8:])
+        reason = scaling.failure_reason(output)
     except subprocess.TimeoutExpired:
         status, tail = 124, f"did not finish within {timeout:.0f} s"
+        reason = tail
     print(f"--- exit {status} after {time.perf_counter() - began:.0f} s\n{tail}", flush=True)
     if status != 0 or not json_file.exists():
-        return None, f"{name} on {k}: exit {status}: {tail.splitlines()[-1] if tail else ''}"
+        return None, f"{name} on {k}: exit {status}: {reason}"
     study = json.loads(json_file.read_text())
     for record in study["runs"]:
         record["launch"] = name

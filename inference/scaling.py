@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -105,6 +106,20 @@ def run_plan(planned: Sequence[PlannedRun], ctx: distributed.DistContext, device
     if ctx.is_main and timings and not quiet:
         print(allreduce.table(timings), flush=True)
     return {"runs": runs, "allreduce": [t.as_record() for t in timings]}
+
+
+def failure_reason(output: str) -> str:
+    """The line of a failed torchrun launch's output that says why: the rank's own error (``ValueError: ...``,
+    ``torch.OutOfMemoryError: ...``, a failed check), not torchrun's closing banner of ``=`` signs nor its
+    ``ChildFailedError``. Falls back to the last line with any text."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    own = [line for line in lines if "ChildFailedError" not in line and not set(line) <= set("=-")]
+    for line in reversed(own):
+        text = re.sub(r"^\[rank\d+\]:\s*", "", line)  # torchrun's prefix of a rank's stderr
+        head = text.split(":", 1)[0].strip()
+        if head.endswith(("Error", "Exception")) or text.lower().startswith(("check failed", "error:")):
+            return line
+    return own[-1] if own else "no output"
 
 
 def load_plan(text_or_path: str) -> list[dict[str, Any]]:

@@ -341,3 +341,21 @@ def test_the_gpu_script_plans_both_modes_of_every_network():
                                                                                       ("training", 64, 10.0)]
     planned = scaling.configs_from_plan(plan, 2)  # the plan is valid for the launch it feeds
     assert [r.config.batch_size for r in planned] == [256, 128]
+
+
+def test_failure_reason_names_the_ranks_error_not_torchruns_banner():
+    output = "\n".join([
+        "[rank0]: Traceback (most recent call last):",
+        "[rank0]:   File \"x.py\", line 3, in <module>",
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "E1127 torch.distributed.elastic.multiprocessing.api: failed (exitcode: 1)",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "inference.scaling FAILED",
+        "------------------------------------------------------------",
+        "============================================================",
+    ])
+    assert scaling.failure_reason(output).startswith("[rank0]: torch.OutOfMemoryError: CUDA out of memory")
+    assert scaling.failure_reason("ValueError: bad plan\n=====\n") == "ValueError: bad plan"
+    assert scaling.failure_reason("just a line\n") == "just a line"
+    assert scaling.failure_reason("=====\n") == "no output"
