@@ -2,7 +2,7 @@
 all-reduce timed and a straggler made on purpose: the record notebook 05 shows.
 
     OURS_COMMIT=$(git rev-parse HEAD) PYTHONUNBUFFERED=1 python gpu/inference_scaling_gpu.py --out $OUT
-        # on a node with 2 (or 4) GPUs: about 4-5 minutes on 2 x H200
+        # on a node with 2 (or 4) GPUs: about 4-5 minutes on 2 x H200, 5 on 4 x H200
     python gpu/inference_scaling_gpu.py --out DIR --smoke     # CPU processes with gloo at toy sizes (checks the script)
 
 On however many GPUs the machine has (1, 2, 4: the counts that fit), for each network (resnet18, resnet50,
