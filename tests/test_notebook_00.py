@@ -3,6 +3,8 @@ WORKSHOP_STRICT=1), and an unanswered exercise (the participant's skeleton retur
 without a traceback, because the browser test runs the participant's copy to its verdict untouched."""
 
 import nbformat
+import re
+
 import pytest
 
 from notebook_exercises import SolutionExercises
@@ -37,22 +39,24 @@ def test_the_exercises_and_their_reference_answers_pass(notebook, measured):
         _run(notebook, exercise, measured)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("2 * n**3", "n**3"),  # the multiply-add counted as one FLOP
-    ("(ms * 1e-3)", "ms"),  # milliseconds taken for seconds
-    ("/ 1e12", "/ 1e9"),  # GFLOP/s, not TFLOP/s
+@pytest.mark.parametrize("mistake, message", [
+    (("2 * n**3", "n**3"), "2x too small: each of the n^3 terms is a multiply AND an add"),  # multiply-add as one FLOP
+    (("(ms * 1e-3)", "ms"), "1000x too small: milliseconds are 1e-3 seconds"),  # milliseconds taken for seconds
+    (("/ 1e12", "/ 1e9"), "1000x too large: divided by 1e9 (giga): tera is 1e12"),  # GFLOP/s, not TFLOP/s
 ])
-def test_matmul_rate_mistakes_fail(notebook, measured, mistake):
-    with pytest.raises(CheckpointFailed):
+def test_matmul_rate_mistakes_fail(notebook, measured, mistake, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         _run(notebook, "00.1", measured, mistake)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("2 * nbytes", "nbytes"),  # only the bytes read
-    ("(ms * 1e-3)", "ms"),
+@pytest.mark.parametrize("mistake, message", [
+    (("2 * nbytes", "nbytes"), "2x too small: a copy reads every byte AND writes it: count both"),  # reads only
+    (("(ms * 1e-3)", "ms"), "1000x too small: milliseconds are 1e-3 seconds"),
+    (("/ 1e12", "/ 1e9"), "1000x too large: divided by 1e9 (giga): tera is 1e12"),  # GB/s, not TB/s
+    (("/ 1e12", "/ 2**40"), "0.9095x the expected value"),  # TiB/s: tera is 1e12 bytes here, as the datasheets count
 ])
-def test_copy_bandwidth_mistakes_fail(notebook, measured, mistake):
-    with pytest.raises(CheckpointFailed):
+def test_copy_bandwidth_mistakes_fail(notebook, measured, mistake, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         _run(notebook, "00.2", measured, mistake)
 
 

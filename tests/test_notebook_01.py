@@ -2,6 +2,7 @@
 mistake fails it under WORKSHOP_STRICT=1), and inference.launch measures and detects what the notebook
 says: host time against device time, the flat region of a sweep, the crossover batch."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -41,17 +42,23 @@ def test_the_reference_answers_pass(notebook, capsys):
     assert "predicted end of the launch-bound region: batch 40" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("exercise, mistake", [
-    ("01.1", ("(ms_per_batch * 1e-3)", "ms_per_batch")),  # samples per millisecond
-    ("01.1", ("batch_size / (ms_per_batch * 1e-3)", "(ms_per_batch * 1e-3) / batch_size")),  # seconds per sample
-    ("01.2", ("break", "continue")),  # a bump does not end the flat region
-    ("01.2", ("            break", "            last = size\n            break")),  # one size too far
-    ("01.3", ("ms_per_batch / batch_size)", "ms_per_batch)")),  # the time per batch, not per sample
-    ("01.3", ("host_ms / (ms_per_batch / batch_size)", "(ms_per_batch / batch_size) / host_ms")),  # inverted
+@pytest.mark.parametrize("exercise, mistake, message", [
+    ("01.1", ("(ms_per_batch * 1e-3)", "ms_per_batch"), "1000x too small: milliseconds are 1e-3 seconds"),
+    ("01.1", ("batch_size / (ms_per_batch * 1e-3)", "(ms_per_batch * 1e-3) / batch_size"),  # seconds per sample
+     "samples_per_second(1, 5) = 0.005 samples/s, expected 200 samples/s (2.5e-05x the expected value)"),
+    ("01.1", ("batch_size / (ms_per_batch * 1e-3)", "1 / (ms_per_batch * 1e-3)"),  # batches per second
+     "samples_per_second(256, 32) = 31.25 samples/s, expected 8000 samples/s (0.003906x the expected value)"),
+    ("01.2", ("break", "continue"), "a bump ends the flat region even if a later point is low again"),
+    ("01.2", ("            break", "            last = size\n            break"), "flat_until differs from the reference"),
+    ("01.3", ("ms_per_batch / batch_size)", "ms_per_batch)"), "too small: divide the time per batch by its batch size"),
+    ("01.3", ("host_ms / (ms_per_batch / batch_size)", "(ms_per_batch / batch_size) / host_ms"),  # inverted
+     "crossover_batch(5, 32, 256) = 0.025, expected 40 (0.000625x the expected value)"),
+    ("01.3", ("host_ms / (ms_per_batch / batch_size)", "host_ms * (ms_per_batch / batch_size)"),  # multiplied
+     "crossover_batch(5, 32, 256) = 0.625, expected 40 (0.01562x the expected value)"),
 ])
-def test_mistakes_fail(notebook, exercise, mistake):
+def test_mistakes_fail(notebook, exercise, mistake, message):
     namespace = _namespace()
-    with pytest.raises(CheckpointFailed):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         notebook.run(exercise, namespace, mistake)
 
 

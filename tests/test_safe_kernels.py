@@ -204,10 +204,11 @@ def test_on_the_gpu_missing_masks_are_named_and_the_context_survives(capsys):
     capsys.readouterr()
     assert not _check_add(_adder(mask_store=False), "cuda")
     assert "is every tl.store masked (mask=offsets < n)?" in capsys.readouterr().out
-    assert _check_add(_adder(mask_loads=False), "cuda")  # reads only the guard, and the store drops them
-    capsys.readouterr()
+    # Right result (the store drops the lanes read from the guard), but the compiled kernel's IR shows the loads.
+    assert not _check_add(_adder(mask_loads=False), "cuda")
+    assert "has no mask" in capsys.readouterr().out
     assert not _check_rows(_row_norm(mask_load=False), "cuda")
-    assert "most likely a load read past the end of a tensor" in capsys.readouterr().out
+    assert "has no mask" in capsys.readouterr().out  # from the IR; the NaN it read reaches the result too
     assert not _check_add(_adder(mask_loads=False, mask_store=False), "cuda")
     assert "is every tl.store masked" in capsys.readouterr().out
     torch.cuda.synchronize()  # an illegal address would raise here, and in every CUDA call after it

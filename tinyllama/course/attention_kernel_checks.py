@@ -179,12 +179,14 @@ def check_attention_kernel(attention: Callable[..., torch.Tensor], device: torch
                                 " (in tl.dot both operands need one dtype: p.to(v.dtype); block shapes must be "
                                 "powers of two)")
             continue
-        if guards is not None:
-            failures.extend(f"{label}: {text}" for text in guards.findings())  # past an end, even if right
+        expected = reference_attention(q, k, v, causal)
+        if guards is not None:  # past an end, even if right; NaN from an input's guard in the result (a GPU's only sign)
+            found = (guards.findings((actual.float().cpu(),), (expected,)) if isinstance(actual, torch.Tensor)
+                     else guards.findings())
+            failures.extend(f"{label}: {text}" for text in found)
         if not isinstance(actual, torch.Tensor):
             failures.append(f"{label}: the launcher returned {type(actual).__name__}, not the output tensor")
             continue
-        expected = reference_attention(q, k, v, causal)
         mismatch = compare_outputs(actual.float().cpu(), expected, name=label, **tol)
         if mismatch.ok:
             continue

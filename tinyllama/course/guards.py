@@ -25,8 +25,11 @@ explains it:
 - through the interpreter, every ``tl.load``/``tl.store`` is also checked before it happens: an access
   that lands in a guard is reported exactly (which tensor, how far past its end), and a store there is
   stopped. On a GPU there is no such hook: a store past the end shows as a changed guard, a load past
-  the end only when its NaN reaches the result (a load whose lanes are then masked off by the store is
-  harmless inside the guard and goes unnoticed there).
+  the end when its NaN reaches the result; and every kernel launched inside ``with guards:`` is read
+  once compiled (its Triton IR, ``ttir``): a ``tt.load`` of a block of pointers without a mask operand is
+  named with its source line, so a load whose lanes past the end are dropped later (by a masked store,
+  by ``tl.where``) is named too, though on a GPU it read the guard unharmed (past the end of an
+  allocation it would fault).
 
 :meth:`Guards.findings` turns what was seen into sentences that name the likely missing mask. A kernel
 whose pointers go further astray than one guard (a wrong stride times a large row index) can still
@@ -36,7 +39,9 @@ fault: the guards are sized for missing masks, not for arbitrary addresses.
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +93,69 @@ def _names(fn: Any, count: int) -> list[str]:
     return [f"`{params[i]}`" if i < len(params) else f"input {i + 1}" for i in range(count)]
 
 
+# A load or store in Triton IR: ``%x = tt.load %ptrs, %mask[, %other] ... : tensor<1024x!tt.ptr<f32>> loc(#loc5)``.
+_TTIR_ACCESS = re.compile(r"\btt\.(?P<kind>load|store)\s+(?P<operands>%[\w.#]+(?:\s*,\s*%[\w.#]+)*)"
+                          r"[^:\n]*:\s*(?P<type>\S+)[^\n]*?(?:loc\((?P<loc>#loc\d*)\))?\s*$", re.MULTILINE)
+_TTIR_LOC = re.compile(r"^(?P<name>#loc\d*)\s*=\s*loc\((?P<body>.*)\)\s*$", re.MULTILINE)
+_TTIR_FILE_LINE = re.compile(r'^"(?P<file>[^"]*)":(?P<line>\d+):\d+')
+_TTIR_NAMED = re.compile(r'^"[^"]*"\((?P<inner>#loc\d*)\)')
+
+
+@dataclass(frozen=True)
+class UnmaskedAccess:
+    """A ``tl.load``/``tl.store`` of a block of pointers without a mask, found in a kernel's Triton IR."""
+
+    kind: str  # "load" or "store"
+    kernel: str
+    file: str
+    line: int  # 0 when the IR carries no location
+
+    def source(self) -> str:
+        """The kernel's source line of the access, when the file is known (a notebook cell's is)."""
+        return linecache.getline(self.file, self.line).strip() if self.file and self.line else ""
+
+
+def _ttir_location(name: str | None, locations: dict[str, str]) -> tuple[str, int]:
+    """(file, line) of a ``#locN`` reference, following named locations (``loc("x"(#loc6))``) to theirs."""
+    for _ in range(16):  # a chain of named locations is short; never loop on a malformed one
+        body = locations.get(name or "")
+        if body is None:
+            return "", 0
+        found = _TTIR_FILE_LINE.match(body)
+        if found:
+            return found["file"], int(found["line"])
+        inner = _TTIR_NAMED.match(body)
+        if not inner:
+            return "", 0
+        name = inner["inner"]
+    return "", 0
+
+
+def unmasked_accesses(ttir: str, kernel: str = "") -> list[UnmaskedAccess]:
+    """The loads and stores of blocks of pointers (``tensor<...x!tt.ptr<...>>``) without a mask operand in
+    the Triton IR ``ttir`` of one compiled kernel. A scalar load (``tl.load(ptr)``) and a block pointer
+    (``tl.make_block_ptr``, bounded by ``boundary_check``) are not blocks of pointers: never reported."""
+    locations = {m["name"]: m["body"] for m in _TTIR_LOC.finditer(ttir)}
+    found = []
+    for m in _TTIR_ACCESS.finditer(ttir):
+        operands = len(m["operands"].split(","))
+        if not m["type"].startswith("tensor<") or "!tt.ptr" not in m["type"]:
+            continue
+        if operands < (2 if m["kind"] == "load" else 3):  # load: ptrs[, mask[, other]]; store: ptrs, value[, mask]
+            file, line = _ttir_location(m["loc"], locations)
+            found.append(UnmaskedAccess(m["kind"], kernel, file, line))
+    return found
+
+
+def _compiled_ttir(kernel: Any) -> str:
+    """The Triton IR of a compiled kernel (``CompiledKernel.asm["ttir"]``), or "" where this Triton has none."""
+    try:
+        text = kernel.asm["ttir"]
+    except Exception:  # noqa: BLE001 - another Triton, or no compiled kernel: the guards alone still work
+        return ""
+    return text if isinstance(text, str) else ""
+
+
 class Guards(TorchDispatchMode):
     """Guard a function's inputs (:meth:`inputs`) and, inside ``with guards:``, its fresh allocations;
     then :meth:`findings` says what went past an end. One instance per call of ``function`` (whose
@@ -106,7 +174,9 @@ class Guards(TorchDispatchMode):
         self.watch_interpreter = watch_interpreter
         self.buffers: list[_Buffer] = []
         self.accesses: dict[tuple[str, str], set[int]] = {}  # (load/store, label) -> element distances
+        self.compiled: dict[str, str] = {}  # kernel name -> its Triton IR (compiled launches, not interpreted)
         self._saved: dict[str, Any] = {}
+        self._jit_run: Any = None
 
     # ---- making guarded tensors ----------------------------------------------------------------------
 
@@ -196,12 +266,40 @@ class Guards(TorchDispatchMode):
                 self._saved = {"builder": builder, "create_masked_load": builder.__dict__.get("create_masked_load"),
                                "create_masked_store": builder.__dict__.get("create_masked_store")}
                 builder.create_masked_load, builder.create_masked_store = checked_load, checked_store
+        else:
+            self._watch_compiled()
         return super().__enter__()
+
+    def _watch_compiled(self) -> None:
+        """Keep the Triton IR of every kernel launched while the guards are on (compiled, not interpreted):
+        ``JITFunction.run`` returns the compiled kernel, cache hits included."""
+        try:
+            from triton.runtime.jit import JITFunction
+        except Exception:  # noqa: BLE001 - no Triton: nothing is launched that could be read
+            return
+        run = JITFunction.__dict__.get("run")
+        if run is None:
+            return
+        guards = self
+
+        def recorded_run(jit, *args, **kwargs):
+            kernel = run(jit, *args, **kwargs)
+            ttir = _compiled_ttir(kernel)
+            if ttir:
+                guards.compiled[getattr(jit, "__name__", None) or getattr(getattr(jit, "fn", None), "__name__", "kernel")] = ttir
+            return kernel
+
+        self._jit_run = (JITFunction, run)
+        JITFunction.run = recorded_run
 
     def __exit__(self, *exc: Any) -> None:
         try:
             return super().__exit__(*exc)
         finally:
+            if self._jit_run is not None:
+                cls, run = self._jit_run
+                cls.run = run
+                self._jit_run = None
             builder = self._saved.pop("builder", None)
             for name, prior in self._saved.items():
                 if prior is None:
@@ -235,6 +333,9 @@ class Guards(TorchDispatchMode):
             found.append(_sentence("store", b.label, "wrote", int(past.max()) - end + 1 if past.numel() else 0,
                                    b.pad - int(early.min()) if early.numel() else 0,
                                    where.numel() - past.numel() - early.numel()))
+        unmasked = [a for kernel, ttir in self.compiled.items() for a in unmasked_accesses(ttir, kernel)
+                    if a.kind == "load"]  # a store past an end changes a guard: named above
+        found += [_unmasked_sentence(a) for a in dict.fromkeys(unmasked)]
         nan = sum(_nan_where_finite(a, e) for a, e in zip(actual, expected))
         if not found and nan and any(b.nan for b in self.buffers):
             found.append(f"{nan:,} elements are NaN where the reference is finite; in this check the memory around "
@@ -257,3 +358,13 @@ def _sentence(kind: str, label: str, verb: str, past: int, before: int, gaps: in
              f"{gaps:,} elements between its rows" if gaps else ""]
     return (f"your kernel {verb} outside {label} ({', '.join(p for p in parts if p)}): "
             + (STORE_HINT if kind == "store" else LOAD_HINT))
+
+
+def _unmasked_sentence(access: UnmaskedAccess) -> str:
+    """'`x = tl.load(X + offsets)` (line 7 of `add_kernel`) has no mask: ...' for a load found in the IR."""
+    code = access.source()
+    where = (f"`{code}` (line {access.line} of `{access.kernel}`)" if code else
+             f"a tl.load in `{access.kernel}`" + (f" (line {access.line})" if access.line else ""))
+    return (f"{where} has no mask: where a length is not a multiple of the block it reads past the end of its "
+            "tensor (here into the check's guard, without harm; past the end of an allocation it faults): "
+            + LOAD_HINT)

@@ -26,11 +26,21 @@ COMMON_FACTORS: dict[float, str] = {
 }
 
 
-def _factor_note(actual: float, expected: float, factors: Mapping[float, str]) -> str:
-    """What a constant factor between ``actual`` and ``expected`` points at (empty if none known)."""
+# A factor whose cause depends on its direction in tera-units: 1000x too small is milliseconds taken for
+# seconds (COMMON_FACTORS), 1000x too large a giga-unit where a tera-unit was asked for.
+TERA_TOO_LARGE: dict[float, str] = {1e3: "divided by 1e9 (giga): tera is 1e12"}
+
+
+def _factor_note(actual: float, expected: float, factors: Mapping[float, str],
+                 too_large: Mapping[float, str] | None = None) -> str:
+    """What a constant factor between ``actual`` and ``expected`` points at (empty if none known);
+    ``too_large`` overrides the note of a factor when ``actual`` is that many times too large."""
     if not (actual and expected) or (actual > 0) != (expected > 0):
         return ""
     ratio = actual / expected
+    for factor, note in (too_large or {}).items():
+        if math.isclose(ratio, factor, rel_tol=1e-3):
+            return f"{factor:g}x too large: {note}"
     for factor, note in factors.items():
         for candidate, word in ((factor, "too large"), (1 / factor, "too small")):
             if math.isclose(ratio, candidate, rel_tol=1e-3):
@@ -45,6 +55,7 @@ def check_formula(name: str, formula: Callable[..., Any], cases: Sequence[tuple[
     expected)`` of ``cases``; the feedback lists the cases that differ and the factor each is off by
     (``factors`` maps a factor to its likely cause, added to :data:`COMMON_FACTORS`)."""
     known = {**COMMON_FACTORS, **(factors or {})}
+    too_large = TERA_TOO_LARGE if unit.startswith("T") else None
     unit = f" {unit}" if unit else ""
     problems = []
     for arguments, expected in cases:
@@ -64,7 +75,7 @@ def check_formula(name: str, formula: Callable[..., Any], cases: Sequence[tuple[
             continue
         if not (math.isfinite(value) and math.isclose(value, expected, rel_tol=rel_tol)):
             problems.append(f"{name}({shown}) = {value:.6g}{unit}, expected {expected:.6g}{unit} "
-                            f"({_factor_note(value, expected, known)})")
+                            f"({_factor_note(value, expected, known, too_large)})")
     return checkpoint(not problems, f"{name} gives the expected value on all {len(cases)} cases",
                       f"{name} is off on {len(problems)} of {len(cases)} cases:\n  - " + "\n  - ".join(problems))
 
