@@ -46,8 +46,8 @@ def _run(notebook, exercise, replace=None):
 
 
 def test_the_reference_answers_pass(notebook):
-    assert set(notebook.found) == {"20.1", "20.2", "20.3"}
-    for exercise in ("20.1", "20.2", "20.3"):
+    assert set(notebook.found) == {"20.1", "20.2", "20.3", "20.4"}
+    for exercise in ("20.1", "20.2", "20.3", "20.4"):
         _run(notebook, exercise)
 
 
@@ -80,6 +80,12 @@ def test_swiglu_mistakes_fail(notebook, mistake):
      "two candidates faster beyond noise"),
     (("return None if best is None", 'return baseline["name"] if best is None'),  # the baseline's name instead of None
      "only a slower candidate"),
+    (("converged and faster and fits and", "converged and faster and"),  # the memory budget ignored
+     "the fastest candidate over the memory budget"),
+    (('row["memory_mib"] <= budget_mib', 'row["memory_mib"] <= baseline["memory_mib"]'),  # the baseline's memory as the limit
+     "a candidate with more memory than the baseline, within the budget"),
+    (('row["memory_mib"] <= budget_mib', 'row["memory_mib"] < budget_mib'),  # the budget itself excluded
+     "a candidate exactly at the budget"),
 ])
 def test_keep_best_mistakes_fail(notebook, mistake, first_failed):
     with pytest.raises(CheckpointFailed, match=re.escape(f"keep_best with {first_failed}")):
@@ -93,12 +99,13 @@ def test_keep_best_keeps_nothing_on_noise(notebook):
     exec(SETUP, namespace)
     notebook.run("20.2", namespace, check=False)
     keep_best, pd, STATUS_OK = namespace["keep_best"], namespace["pd"], namespace["STATUS_OK"]
-    columns = ["name", "status", "step_ms", "step_ms_p10", "step_ms_p90", "loss_change_pct"]
-    baseline = pd.Series(dict(zip(columns, ["kept", STATUS_OK, 100.0, 90.0, 115.0, 0.0])))
-    noisy = pd.DataFrame([baseline, pd.Series(dict(zip(columns, ["3% faster", STATUS_OK, 97.0, 88.0, 112.0, 0.0])))])
-    assert keep_best(noisy, baseline, 0.03) is None
-    clear = pd.DataFrame([baseline, pd.Series(dict(zip(columns, ["clear", STATUS_OK, 80.0, 78.0, 85.0, 0.0])))])
-    assert keep_best(clear, baseline, 0.03) == "clear"
+    columns = ["name", "status", "step_ms", "step_ms_p10", "step_ms_p90", "loss_change_pct", "memory_mib"]
+    baseline = pd.Series(dict(zip(columns, ["kept", STATUS_OK, 100.0, 90.0, 115.0, 0.0, 500.0])))
+    noisy = pd.DataFrame([baseline, pd.Series(dict(zip(columns, ["3% faster", STATUS_OK, 97.0, 88.0, 112.0, 0.0, 500.0])))])
+    assert keep_best(noisy, baseline, 0.03, 1000.0) is None
+    clear = pd.DataFrame([baseline, pd.Series(dict(zip(columns, ["clear", STATUS_OK, 80.0, 78.0, 85.0, 0.0, 900.0])))])
+    assert keep_best(clear, baseline, 0.03, 1000.0) == "clear"
+    assert keep_best(clear, baseline, 0.03, 800.0) is None  # the same clear gain over the budget is not kept
 
 
 @pytest.mark.parametrize("mistake", [
@@ -108,3 +115,20 @@ def test_keep_best_keeps_nothing_on_noise(notebook):
 def test_checkpointing_trade_mistakes_fail(notebook, mistake):
     with pytest.raises(CheckpointFailed):
         _run(notebook, "20.3", mistake)
+
+
+# Each typical mistake in finding the largest micro-batch within the budget fails at its own case.
+@pytest.mark.parametrize("mistake, first_failed", [
+    (('peak = measured if math.isfinite(measured) else row["estimated_peak_mib"]', 'peak = row["estimated_peak_mib"]'),
+     "an estimate within the budget whose measured peak is over it"),  # the estimate trusted over the measurement
+    (('row["status"] == "ok" and peak', "peak"),  # an out-of-memory row taken by its estimate
+     "a row that ran out of memory"),
+    (("peak <= budget_mib", "peak < budget_mib"), "a peak exactly at the budget"),  # the budget itself excluded
+    (('(best is None or row["micro_batch"] > best)', "True"),  # the last row that fits, not the largest
+     "rows not in order of micro-batch"),
+    (('peak = measured if math.isfinite(measured) else row["estimated_peak_mib"]', "peak = measured"),  # no CPU fallback
+     "no measurements at all"),
+])
+def test_largest_within_budget_mistakes_fail(notebook, mistake, first_failed):
+    with pytest.raises(CheckpointFailed, match=re.escape(f"largest_within_budget with {first_failed}")):
+        _run(notebook, "20.4", mistake)

@@ -173,6 +173,12 @@ def visible_devices_variable() -> str:
     return "HIP_VISIBLE_DEVICES" if backend() == "rocm" else "CUDA_VISIBLE_DEVICES"
 
 
+def allocator_config_variable() -> str:
+    """The environment variable that configures PyTorch's caching allocator on this back end (read once,
+    when the allocator starts: set it before the process first touches the GPU, or in a child process)."""
+    return "PYTORCH_HIP_ALLOC_CONF" if backend() == "rocm" else "PYTORCH_CUDA_ALLOC_CONF"
+
+
 def hide_gpus() -> None:
     """Let this process see no GPU, as a CPU-only rank on a GPU node must: some collectives and
     libraries otherwise pick ``cuda:<local rank>`` by themselves (on a one-GPU node rank 1 then fails

@@ -345,6 +345,22 @@ def peak_error(estimate: MemoryEstimate, measured_peak_bytes: float | None) -> f
     return (estimate.peak_bytes() - measured_peak_bytes) / measured_peak_bytes
 
 
+def allocator_peaks(device: torch.device | str) -> dict[str, float]:
+    """The caching allocator's peaks since the last reset, in MiB, NaN where it keeps none (a CPU):
+    ``peak_memory_mib`` (allocated: the tensors' blocks, rounded up to the allocator's block sizes),
+    ``requested_peak_mib`` (the bytes the program asked for, before rounding) and ``reserved_peak_mib``
+    (the segments taken from the driver: allocated plus cached and fragmented space). Between the estimate
+    and the requested bytes lie what the model of the peak leaves out (library workspaces, temporaries);
+    between requested and allocated, rounding; between allocated and reserved, the cache."""
+    device = torch.device(device)
+    names = {"peak_memory_mib": "allocated_bytes.all.peak", "requested_peak_mib": "requested_bytes.all.peak",
+             "reserved_peak_mib": "reserved_bytes.all.peak"}
+    if device.type != "cuda":
+        return {name: float("nan") for name in names}
+    stats = torch.cuda.memory_stats(device)
+    return {name: stats[key] / MIB if key in stats else float("nan") for name, key in names.items()}
+
+
 __all__ = ["BLOCK_TERMS", "CHECKPOINT_TERM", "Layout", "MODEL_TERMS", "MemoryEstimate", "activation_terms",
-           "block_terms", "compare_terms", "estimate_memory", "measure_activation_terms", "model_layout",
+           "allocator_peaks", "block_terms", "compare_terms", "estimate_memory", "measure_activation_terms", "model_layout",
            "model_terms", "peak_error", "term_of_module"]

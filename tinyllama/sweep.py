@@ -5,7 +5,8 @@ sequence length, loader workers, gradient checkpointing) is trained from the sam
 the same text (``tinyllama.data``) for the same number of optimizer steps with
 ``tinyllama.bench.run_benchmark``, then evaluated on held-out text. :func:`run_sweep` returns one
 DataFrame row per configuration: step time (median and spread), the wait for data, tokens/s, peak
-memory beside the estimate of ``tinyllama.memory_estimate``, the loss curve and the held-out loss.
+memory (allocated, requested and reserved: ``memory_estimate.allocator_peaks``) beside the estimate of
+``tinyllama.memory_estimate``, the loss curve and the held-out loss.
 A configuration that runs out of memory is recorded as such (``status``) and the sweep goes on.
 """
 
@@ -24,7 +25,7 @@ from tinyllama.cli import progress_bar
 from tinyllama.config import resolve_config
 from tinyllama.data import ByteTokenizer, Corpus, TokenWindows, make_loader, validation_batches
 from tinyllama.errors import BenchmarkError
-from tinyllama.memory_estimate import estimate_memory, model_layout
+from tinyllama.memory_estimate import allocator_peaks, estimate_memory, model_layout
 from tinyllama.models import build, lm_loss
 from tinyllama.settings import autocast_context, check_precision
 from tinyllama.timing import Band
@@ -33,7 +34,7 @@ from tinyllama.training import seed_everything
 STATUS_OK = "ok"
 STATUS_OOM = "out of memory"
 MEASURED = ("step_ms", "step_ms_p10", "step_ms_p90", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
-            "tokens_per_s", "peak_memory_mib", "train_loss", "eval_loss")
+            "tokens_per_s", "peak_memory_mib", "requested_peak_mib", "reserved_peak_mib", "train_loss", "eval_loss")
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
                                device=device, model=model, loader=loader, accumulation_steps=config.accumulation_steps,
                                gradient_checkpointing=config.checkpointing, lr=lr, progress=False,
                                vocab_size=tokenizer.vocab_size)
+        peaks = allocator_peaks(device)  # read before the evaluation allocates anything
         held_out = validation_batches(corpus, config.seq_len, eval_batch_size, eval_batches)
         row.update({
             "step_ms": result.step_ms.median, "step_ms_p10": result.step_ms.p10, "step_ms_p90": result.step_ms.p90,
@@ -124,6 +126,7 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
             "forward_ms": result.forward_ms.median, "backward_ms": result.backward_ms.median,
             "optimizer_ms": result.optimizer_ms.median, "tokens_per_s": result.tokens_per_s,
             "peak_memory_mib": result.peak_memory_mib if result.peak_memory_mib is not None else math.nan,
+            "requested_peak_mib": peaks["requested_peak_mib"], "reserved_peak_mib": peaks["reserved_peak_mib"],
             "losses": result.losses, "train_loss": sum(result.losses[-5:]) / len(result.losses[-5:]),
             "eval_loss": evaluate(model, held_out, config.precision, device),
         })
