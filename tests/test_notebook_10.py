@@ -333,3 +333,172 @@ def test_the_notebook_prints_what_its_answers_rely_on_and_quotes_no_measured_mem
     assert quoted == ["80 GB"] * len(quoted), f"an answer quotes a memory figure the run prints: {quoted}"
     assert "quadratic in the sequence" not in markdown.replace("linear plus quadratic in the sequence", "")
     assert "plt.subplots" not in code  # the figures are drawn by tinyllama.course.baseline_plots
+
+
+# ------------------------------------------------------------------------------------------------
+# Each exercise through its cells: the reference passes, each typical mistake fails with its own message
+# ------------------------------------------------------------------------------------------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from notebook_exercises import SolutionExercises, run_source  # noqa: E402
+
+from tinyllama import device as dev  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return SolutionExercises("10_tinyllama_baseline")
+
+
+def _run(solution, exercise, namespace, replace=None):
+    """The exercise's cell (with ``replace`` planted), then its check cell: the next code cell (a markdown cell
+    may stand between them)."""
+    run_source(solution.source(exercise, replace), namespace)
+    cells = solution.nb.cells
+    after = next(i for i in range(solution.found[exercise][0] + 1, len(cells)) if cells[i].cell_type == "code")
+    run_source(cells[after].source, namespace)
+
+
+def _run_slip(solution, capsys, exercise, namespace, replace, message, others):
+    """Run ``exercise`` with the mistake ``replace`` planted: its check fails, says ``message`` and none of
+    the messages of the other slips (``others``)."""
+    _run(solution, exercise, namespace, replace)
+    shown = capsys.readouterr().out
+    assert "CHECK:" in shown and "PASS" not in shown, shown
+    assert message in shown, shown
+    named = [text for text in others if text != message and text in shown]
+    assert not named, f"the feedback names other mistakes too: {named}\n{shown}"
+
+
+def _passes(solution, capsys, exercise, namespace):
+    _run(solution, exercise, namespace)
+    shown = capsys.readouterr().out
+    assert "PASS" in shown and "CHECK:" not in shown, shown
+
+
+PARAMETER_SLIPS = [  # (the solution's text, the slip, what the check must say)
+    ("return 2 * vocab * hidden", "return vocab * hidden", "misses the output head lm_head"),
+    ("kv_width = kv_heads * (hidden // heads)", "kv_width = hidden", "counted at full width"),
+    ("+ layers * (attention + swiglu + norms) + hidden", "+ layers * (attention + swiglu + norms)",
+     "misses the final RMSNorm"),
+    ("swiglu = 3 * hidden * intermediate", "swiglu = 2 * hidden * intermediate", "one of the three SwiGLU matrices"),
+]
+
+
+def test_parameter_formula_reference_passes(solution, capsys, lenient):
+    _passes(solution, capsys, "10.1", {"baseline_checks": bc})
+
+
+@pytest.mark.parametrize("old, new, message", PARAMETER_SLIPS, ids=[s[1] for s in PARAMETER_SLIPS])
+def test_each_parameter_slip_fails_with_its_own_message(solution, capsys, lenient, old, new, message):
+    _run_slip(solution, capsys, "10.1", {"baseline_checks": bc}, (old, new), message,
+              [text for *_, text in PARAMETER_SLIPS])
+
+
+FLOPS_SLIPS = [
+    ("attention = 3 * config.num_layers * 2 * (2 * seq_len * h)", "attention = 0",
+     "the attention products are missing"),
+    ("attention = 3 * config.num_layers * 2 * (2 * seq_len * h)", "attention = 3 * config.num_layers * 2 * (seq_len * h)",
+     "only half of the attention square"),
+    ("return 6 * matmul_params + attention", "return 2 * matmul_params + attention / 3", "a forward pass only"),
+    ("return 6 * matmul_params + attention", "return 4 * matmul_params + attention * 2 / 3",
+     "your count is twice the forward"),
+    (" + config.vocab_size * h\n", "\n", "the output head is missing"),
+    ("2 * h * h + 2 * h * kv + 3", "2 * h * h + 2 * h * h + 3", "counted at full width"),
+    ("return 6 * matmul_params + attention", "return 6 * config.num_parameters() + attention",
+     "6N with N = all parameters"),
+]
+
+
+def test_flops_formula_reference_passes(solution, capsys, lenient):
+    _passes(solution, capsys, "10.2", {"baseline_checks": bc})
+
+
+@pytest.mark.parametrize("old, new, message", FLOPS_SLIPS, ids=[s[1] for s in FLOPS_SLIPS])
+def test_each_flops_slip_fails_with_its_own_message(solution, capsys, lenient, old, new, message):
+    _run_slip(solution, capsys, "10.2", {"baseline_checks": bc}, (old, new), message, [text for *_, text in FLOPS_SLIPS])
+
+
+RATIO_SLIPS = [
+    ("1.0", "one matmul per forward matmul"),
+    ("3.0", "a whole training step"),
+    ("0.5", "that is forward / backward"),
+    ("1 / 3", "the forward's share of the step"),
+    ("200", "a percentage"),
+    ("None", "write the ratio you expect as a number"),
+]
+
+
+def test_backward_ratio_reference_passes_and_its_check_cell_shows_no_answer(solution, capsys, lenient):
+    _passes(solution, capsys, "10.3", {"baseline_checks": bc})
+    cells = solution.nb.cells
+    check = next(cells[i].source for i in range(solution.found["10.3"][0] + 1, len(cells))
+                 if cells[i].cell_type == "code")
+    assert "2.0" not in check and "1.9" not in check and "dx = dy" not in check  # the answer is in the module
+
+
+@pytest.mark.parametrize("value, message", RATIO_SLIPS, ids=[s[0] for s in RATIO_SLIPS])
+def test_each_backward_ratio_slip_fails_with_its_own_message(solution, capsys, lenient, value, message):
+    _run_slip(solution, capsys, "10.3", {"baseline_checks": bc}, ("= 2.0", f"= {value}"), message,
+              [text for _, text in RATIO_SLIPS])
+
+
+ACTIVATION_SLIPS = [
+    (" + batch * config.num_heads * seq * seq", "", "the softmax output is missing"),
+    ("batch * config.num_heads * seq * seq", "batch * config.num_kv_heads * seq * seq",
+     "counts one S x S matrix per key/value head"),
+    ("batch * config.num_heads * seq * seq", "config.num_heads * seq * seq", "the S^2 term has no batch factor"),
+    ("10 * batch * seq * h", "(8 * h + 2 * config.kv_dim) * batch * seq", "K and V are counted at kv_heads * head_dim"),
+    (" + 4 * batch * seq * i", "", "the SwiGLU tensors of width intermediate are missing"),
+    (" + batch * seq * config.vocab_size", "", "the loss's log-softmax is missing"),
+    ("config.num_layers * per_layer", "per_layer", "counted for one layer"),
+    ("return 4 * (", "return 2 * (", "your count is half"),
+    ("return 4 * (", "return 1 * (", "your count is a quarter"),
+]
+
+
+def test_activation_formula_reference_passes(solution, capsys, lenient):
+    _passes(solution, capsys, "10.5", {"baseline_checks": bc})
+
+
+@pytest.mark.parametrize("old, new, message", ACTIVATION_SLIPS, ids=[s[2][:30] for s in ACTIVATION_SLIPS])
+def test_each_activation_slip_fails_with_its_own_message(solution, capsys, lenient, old, new, message):
+    _run_slip(solution, capsys, "10.5", {"baseline_checks": bc}, (old, new), message,
+              [text for *_, text in ACTIVATION_SLIPS])
+
+
+def test_every_activation_slip_is_caught_by_the_checks_cases():
+    """Each listed slip is off by more than the check's 10% somewhere in its cases (else it would pass)."""
+    cases = bc.ACTIVATION_CASES + bc.SYNTHETIC_ACTIVATION_CASES
+    points = [(bc.shape_config(shape, max_seq), b, s) for shape, max_seq, pts in cases for b, s in pts]
+    for text, slip in bc.ACTIVATION_SLIPS:
+        assert any(abs(slip(c, b, s) / bc.measured_activation_bytes(c, b, s) - 1) > 0.10 for c, b, s in points), text
+    for c, b, s in points:  # and the reference is well within it
+        assert abs(bc.reference_activation_bytes(c, b, s) / bc.measured_activation_bytes(c, b, s) - 1) < 0.03
+
+
+def _fits_namespace():
+    config = get_preset("ci").model
+    model = build("v1", config)
+    return {"baseline_checks": bc, "bench": bench, "dev": dev, "torch": torch, "sweep_config": config,
+            "sweep_model": model, "trainer": bench.TrainingStep(model, "fp32", torch.device("cpu")), "seq_len": 16,
+            "device": torch.device("cpu"), "profile": SimpleNamespace(baseline_batch_sizes=(2, 4))}
+
+
+FITS_SLIPS = [
+    ("        trainer.optimizer.zero_grad(set_to_none=True)\n", "", "still hold a gradient"),
+    ("set_to_none=True", "set_to_none=False", "hold a gradient of zeros"),
+    ("except torch.OutOfMemoryError:", "except ValueError:", "let the out-of-memory error escape"),
+    ("        return False\n", "        pass\n", "returned None after an out-of-memory error"),
+    ("        return True\n", "        pass\n", "did not return True for a batch that fits"),
+]
+
+
+def test_fits_reference_passes(solution, capsys, lenient):
+    _passes(solution, capsys, "10.8", _fits_namespace())
+
+
+@pytest.mark.parametrize("old, new, message", FITS_SLIPS, ids=[s[2] for s in FITS_SLIPS])
+def test_each_fits_slip_fails_with_its_own_message(solution, capsys, lenient, old, new, message):
+    _run_slip(solution, capsys, "10.8", _fits_namespace(), (old, new), message, [text for *_, text in FITS_SLIPS])

@@ -66,7 +66,7 @@ def test_classifier_check_passes_a_not_written_exercise_through():
 
 
 @pytest.mark.parametrize("factor, words", [(1 / 3, "forward"), (1 / 2, "MACs"), (100.0, "percentage"),
-                                           (1e3, "milliseconds")])
+                                           (1e-3, "milliseconds used as seconds"), (1e3, "the wrong way")])
 def test_mfu_check_recognises_the_usual_slips(capsys, factor, words):
     forward, step_ms, ceiling = 4e12, 100.0, 400.0
     right = 3 * forward / (step_ms / 1e3) / (ceiling * 1e12)
@@ -188,3 +188,132 @@ def test_a_casts_copy_is_credited_to_the_cast():
         else:
             assert casts.empty
     assert copies[True] == copies[False]
+
+
+# ---- each exercise through its cells: the reference passes, each typical mistake has its own message ----------
+
+from notebook_exercises import SolutionExercises, run_source  # noqa: E402
+
+from tinyllama import course  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return SolutionExercises("11_finding_bottlenecks")
+
+
+def _run(solution, exercise, namespace, replace=None):
+    """The exercise's cell (with ``replace`` planted), then its check cell (the next code cell)."""
+    run_source(solution.source(exercise, replace), namespace)
+    cells = solution.nb.cells
+    after = next(i for i in range(solution.found[exercise][0] + 1, len(cells)) if cells[i].cell_type == "code")
+    run_source(cells[after].source, namespace)
+
+
+def _assert_slip(solution, capsys, exercise, namespace, replace, message, others):
+    _run(solution, exercise, namespace, replace)
+    shown = capsys.readouterr().out
+    assert "CHECK:" in shown and "PASS" not in shown.split("CHECK:")[0], shown
+    assert message in shown, shown
+    named = [text for text in others if text != message and text in shown]
+    assert not named, f"the feedback names other mistakes too: {named}\n{shown}"
+
+
+def _namespace():
+    return {"bottlenecks": bottlenecks, "course": course, "torch": torch, "forward_flops": 4e12, "step_ms": 100.0,
+            "ceiling_tflops": 400.0, "predicted_mfu_pct": 30.0, "peaks": None, "precision": "bf16"}
+
+
+CLASSIFY_SLIPS = [
+    ('if part in ("", "embed", "lm_head"):', 'if part in ("", "embed"):', "the output head: a GEMM"),
+    ('if "norm" in part:', 'if part.endswith("_norm"):', "the final norm (module 'norm')"),
+    ('if part == "attn":', 'if part in ("attn", "rope"):', "RoPE rotates with multiplies and adds"),
+    (' and name in ("mm", "addmm", "matmul", "linear", "bmm")', "", "an add inside a projection sums the gradients"),
+    ('    if part in ("", "embed", "lm_head"):',
+     '    if "softmax" in name:\n        return "attention"\n    if part in ("", "embed", "lm_head"):',
+     "the loss's log-softmax"),
+    ('else "ffn"', 'else "mlp"', "'mlp' is not one of the categories"),
+]
+
+
+def test_the_classifier_reference_passes(solution, capsys):
+    _run(solution, "11.1", _namespace())
+    assert "PASS: classify puts all" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old, new, message", CLASSIFY_SLIPS, ids=[s[2][:24] for s in CLASSIFY_SLIPS])
+def test_each_classifier_slip_fails_with_its_own_message(solution, capsys, old, new, message):
+    _assert_slip(solution, capsys, "11.1", _namespace(), (old, new), message, [t for *_, t in CLASSIFY_SLIPS])
+
+
+MFU_SLIPS = [
+    ("training_flops = 3 * forward_flops", "training_flops = forward_flops", "only the forward pass's FLOPs"),
+    ("training_flops = 3 * forward_flops", "training_flops = 2 * forward_flops", "counted as one forward's worth"),
+    ("training_flops = 3 * forward_flops", "training_flops = 6 * forward_flops", "already counts FLOPs (2 x MACs)"),
+    ("training_flops = 3 * forward_flops", "training_flops = 1.5 * forward_flops", "(MACs) taken for FLOPs"),
+    ("(step_ms / 1e3)", "step_ms", "milliseconds used as seconds"),
+    ("mfu = achieved_tflops / ceiling_tflops", "mfu = 100 * achieved_tflops / ceiling_tflops", "a percentage"),
+    ("(step_ms / 1e3) / 1e12", "(step_ms / 1e3)", "the achieved rate is in FLOP/s and the ceiling in TFLOP/s"),
+]
+
+
+def test_the_mfu_reference_passes(solution, capsys):
+    _run(solution, "11.2", _namespace())
+    assert "PASS: MFU = 0.3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old, new, message", MFU_SLIPS, ids=[s[1] for s in MFU_SLIPS])
+def test_each_mfu_slip_fails_with_its_own_message(solution, capsys, old, new, message):
+    _assert_slip(solution, capsys, "11.2", _namespace(), (old, new), message, [t for *_, t in MFU_SLIPS])
+
+
+ROOF_SLIPS = [
+    ("1e3 * torch.maximum(compute_s, memory_s)", "1e3 * (compute_s + memory_s)", "you add the two times"),
+    ("1e3 * torch.maximum(compute_s, memory_s)", "1e3 * torch.minimum(compute_s, memory_s)", "the smaller of the two"),
+    ("1e3 * torch.maximum(compute_s, memory_s)", "torch.maximum(compute_s, memory_s)", "your times are in seconds"),
+    ("1e3 * torch.maximum(compute_s, memory_s)", "1e3 * max(compute_s, memory_s)", "Python's max"),
+    ("nbytes / (bandwidth_tbs * 1e12)", "nbytes / (bandwidth_tbs * 1e9)", "1 TB/s is 1e12 bytes per second"),
+    ("(peak_tflops * 1e12)", "peak_tflops", None),  # the compute time alone off: no slip of its own, the general hint
+]
+
+
+def test_the_roof_time_reference_passes(solution, capsys):
+    _run(solution, "11.3", _namespace())
+    assert "PASS: time_at_roof_ms agrees" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old, new, message", ROOF_SLIPS, ids=[s[1] for s in ROOF_SLIPS])
+def test_each_roof_time_slip_fails_with_its_own_message(solution, capsys, old, new, message):
+    general = "An operator needs at least the time for its arithmetic"
+    others = [t for *_, t in ROOF_SLIPS if t] + [general]
+    _assert_slip(solution, capsys, "11.3", _namespace(), (old, new), message or general, others)
+
+
+SPEEDUP_SLIPS = [
+    ("1.0 / ((1.0 - share) + share / local_speedup)", "(1.0 - share) + share / local_speedup", "the new step time"),
+    ("1.0 / ((1.0 - share) + share / local_speedup)", "(1.0 - share) + share * local_speedup",
+     "you average the speed-ups"),
+    ("share / local_speedup)", "share * local_speedup)", "multiplied by the local speed-up"),
+    ("1.0 / ((1.0 - share) + share / local_speedup)", "1.0 / (1.0 - share)", "the limit for a part"),
+    ("1.0 / ((1.0 - share) + share / local_speedup)", "local_speedup + 0 * share", "the whole step is sped up"),
+]
+
+
+def test_the_step_speedup_reference_passes(solution, capsys):
+    _run(solution, "11.4", _namespace())
+    assert "PASS: step_speedup agrees" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old, new, message", SPEEDUP_SLIPS, ids=[s[2] for s in SPEEDUP_SLIPS])
+def test_each_step_speedup_slip_fails_with_its_own_message(solution, capsys, old, new, message):
+    _assert_slip(solution, capsys, "11.4", _namespace(), (old, new), message, [t for *_, t in SPEEDUP_SLIPS])
+
+
+def test_every_listed_slip_differs_from_the_answer_on_the_checks_shapes():
+    for slips, reference, make_inputs, shapes in (
+            (bottlenecks.ROOF_SLIPS, bottlenecks._roof_reference, bottlenecks._roof_inputs, [(1,), (7,), (33,)]),
+            (bottlenecks.SPEEDUP_SLIPS, bottlenecks._speedup_reference, bottlenecks._speedup_inputs,
+             [(1,), (9,), (40,)])):
+        for slip in slips:
+            if slip.function is not None:
+                assert bottlenecks.name_slip(slip.function, reference, make_inputs, shapes, slips, 0.0, 1e-6) is slip

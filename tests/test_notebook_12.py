@@ -111,3 +111,146 @@ def test_time_samples_gives_one_sample_per_repeat():
     # one warm-up call, then 4 samples of 3 calls each, each sample the mean of its 3 calls in ms
     assert len(samples) == 4 and len(calls) == 1 + 4 * 3
     assert all(2.0 <= s < 50.0 for s in samples), samples
+
+
+# ---- each exercise through its cells: the reference passes, each typical mistake has its own message ----------
+
+from types import SimpleNamespace  # noqa: E402
+
+import matplotlib  # noqa: E402
+matplotlib.use("Agg")
+import matplotlib.pyplot  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from notebook_exercises import SolutionExercises, run_source  # noqa: E402
+from tinyllama import course, fusion  # noqa: E402
+
+
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return SolutionExercises("12_fusion")
+
+
+def _check_cell(solution, exercise, marker):
+    """The source of the first code cell after ``exercise``'s cell that contains ``marker``."""
+    cells = solution.nb.cells
+    return next(cells[i].source for i in range(solution.found[exercise][0] + 1, len(cells))
+                if cells[i].cell_type == "code" and marker in cells[i].source)
+
+
+def _assert_only(shown, message, others, passed):
+    assert "CHECK:" in shown and passed not in shown, shown
+    assert message in shown, shown
+    named = [text for text in others if text != message and text in shown]
+    assert not named, f"the feedback names other mistakes too: {named}\n{shown}"
+
+
+QKV_SLIPS = [
+    ("return qkv.split([wq.shape[0], wk.shape[0], wv.shape[0]], dim=-1)", "return qkv.chunk(3, dim=-1)",
+     "cut into three equal parts"),
+    ("torch.cat([wq, wk, wv], dim=0)", "torch.cat([wq, wv, wk], dim=0)", "k and v come out swapped"),
+    ("qkv = x @ w_qkv.T", "qkv = x @ w_qkv", "uses the stacked weight as stored"),
+    ("torch.cat([wq, wk, wv], dim=0)", "torch.cat([wq, wk, wv], dim=1)", "stacked along dim 1"),
+]
+
+
+def _qkv(solution, replace=None):
+    namespace = {"torch": torch, "F": F, "course": course, "check_fused_qkv": fusion.check_fused_qkv}
+    run_source(solution.source("12.1", replace), namespace)
+    run_source(_check_cell(solution, "12.1", "fused_qkv"), namespace)
+
+
+def test_fused_qkv_reference_passes(solution, capsys, lenient):
+    _qkv(solution)
+    shown = capsys.readouterr().out
+    assert "PASS: fused_qkv agrees with the reference on fresh random inputs of shapes (2, 7, 48, 6, 2), " \
+           "(1, 13, 40, 10, 5), (3, 5, 30, 6, 1), (2, 3, 24, 4, 4)" in shown and "CHECK" not in shown
+
+
+@pytest.mark.parametrize("old, new, message", QKV_SLIPS, ids=[s[2] for s in QKV_SLIPS])
+def test_each_fused_qkv_slip_fails_with_its_own_message(solution, capsys, lenient, old, new, message):
+    _qkv(solution, (old, new))
+    _assert_only(capsys.readouterr().out, message, [t for *_, t in QKV_SLIPS], "PASS")
+
+
+def test_a_fused_qkv_that_is_no_slip_gets_the_general_hint(capsys, lenient):
+    assert not fusion.check_fused_qkv(lambda x, wq, wk, wv: (F.linear(x, wq), F.linear(x, wk), 2 * F.linear(x, wv)))
+    shown = capsys.readouterr().out
+    assert "q must be (batch, seq, heads * head_dim)" in shown
+    assert not [t for *_, t in QKV_SLIPS if t in shown]
+
+
+GEMM_SLIPS = [
+    ("return forward, 2 * forward", "return forward, forward", "two in the backward, not one"),
+    ("per_layer = 4 + 2 + 3", "per_layer = 4 + 3", "the attention products q k^T and p v"),
+    ("forward = num_layers * per_layer + 1", "forward = num_layers * per_layer", "the output head (lm_head) is a GEMM"),
+    ("per_layer -= 2 if fuse_qkv else 0", "per_layer -= 1 if fuse_qkv else 0", "two fewer GEMMs per layer, not one"),
+    ("per_layer -= 1 if fuse_gate_up else 0", "per_layer -= 2 if fuse_gate_up else 0",
+     "one fewer GEMM per layer, not two"),
+    ("return forward, 2 * forward", "return forward, 0", "the backward is missing"),
+]
+
+
+def _gemms(solution, replace=None):
+    record = _record(num_layers=3)
+    namespace = {"pd": pd, "config": SimpleNamespace(num_layers=3), "on_gpu": False,
+                 "check_gemm_prediction": check_gemm_prediction,
+                 "result": SimpleNamespace(record=record, runs=record["runs"])}
+    run_source(solution.source("12.2", replace), namespace)
+    run_source(_check_cell(solution, "12.2", "check_gemm_prediction("), namespace)
+
+
+def test_gemm_count_reference_passes(solution, capsys, lenient):
+    _gemms(solution)
+    assert "PASS: your GEMM counts match the profiler's for every run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old, new, message", GEMM_SLIPS, ids=[s[2] for s in GEMM_SLIPS])
+def test_each_gemm_count_slip_fails_with_its_own_message(solution, capsys, lenient, old, new, message):
+    _gemms(solution, (old, new))
+    _assert_only(capsys.readouterr().out, message, [t for *_, t in GEMM_SLIPS], "PASS")
+
+
+STRIDED = "strided_ms = time_samples(lambda: F.silu(gate) * up, device, warmup=profile.warmup, repeat=profile.repeat"
+PACKED_END = "                         repeat=profile.repeat, inner=10)\n"
+TIMING_SLIPS = [
+    ("gate_packed, up_packed = gate.contiguous(), up.contiguous()",
+     "gate_packed, up_packed = up.contiguous(), gate.contiguous()", "the copies hold the halves swapped"),
+    ("gate_packed, up_packed = gate.contiguous(), up.contiguous()", "gate_packed, up_packed = gate, up",
+     "it is the chunked half itself, not a copy"),
+    (STRIDED, STRIDED.replace("repeat=profile.repeat", "repeat=2"), "strided_ms has 2 sample(s), not 5"),
+    (PACKED_END, PACKED_END + "packed_ms = sum(packed_ms) / len(packed_ms)\n", "packed_ms is a float, not a list"),
+]
+
+
+def _timing(solution, replace=None):
+    tokens, inter = 64, 48
+    h_fused = torch.randn(tokens, 2 * inter)
+    gate, up = h_fused.chunk(2, dim=-1)
+    namespace = {"torch": torch, "F": F, "pd": pd, "plt": matplotlib.pyplot, "course": course, "gate": gate, "up": up,
+                 "time_samples": fusion.time_samples, "device": torch.device("cpu"), "on_gpu": False,
+                 "profile": SimpleNamespace(warmup=1, repeat=5), "check_strided_timing": fusion.check_strided_timing,
+                 "predicted_strided_slowdown": 1.5, "tokens": tokens, "inter": inter, "dtype": torch.float32}
+    run_source(solution.source("12.3", replace), namespace)
+    run_source(_check_cell(solution, "12.3", "check_strided_timing("), namespace)
+    matplotlib.pyplot.close("all")
+
+
+def test_strided_timing_reference_passes(solution, capsys, lenient):
+    _timing(solution)
+    shown = capsys.readouterr().out
+    assert "PASS: silu(gate) * up on the contiguous copies matches the reference\n" \
+           "PASS: the timed pairs differ only in layout: chunked halves strided, copies contiguous" in shown
+
+
+@pytest.mark.parametrize("old, new, message", TIMING_SLIPS, ids=[s[2] for s in TIMING_SLIPS])
+def test_each_strided_timing_slip_fails_with_its_own_message(solution, capsys, monkeypatch, old, new, message):
+    monkeypatch.setenv("WORKSHOP_STRICT", "1")  # the notebook stops at the failed check, as a participant's does
+    with pytest.raises(CheckpointFailed) as failed:
+        _timing(solution, (old, new))
+    _assert_only(capsys.readouterr().out + str(failed.value), message, [t for *_, t in TIMING_SLIPS],
+                 "PASS: the timed pairs differ only in layout")

@@ -27,7 +27,7 @@ from torch import nn
 from tinyllama import anatomy
 from tinyllama import device as dev
 from tinyllama.config import ModelConfig
-from tinyllama.course.checkpoints import checkpoint
+from tinyllama.course.checkpoints import check_between, checkpoint
 
 Shape = tuple[int, int, int, int, int, int]  # vocab, hidden, layers, heads, kv_heads, intermediate
 
@@ -167,11 +167,17 @@ def _flops_explanations(c: ModelConfig, seq_len: int, reference: float) -> dict[
         "the norm weights are counted as matmul parameters: they are element-wise": -norms,
         "the embedding and the norms are counted as matmul parameters (6N with N = all parameters): only "
         "parameters that take part in a matrix multiply cost 6 FLOPs per token": -(6 * v * h + norms),
+        "the output head is missing: lm_head (hidden x vocab) is a matmul of its own, 6 x vocab x hidden FLOPs per "
+        "token in a training step": 6 * v * h,
+        "the key and value projections are counted at full width: with grouped-query attention they map hidden to "
+        "kv_heads * head_dim": -6 * layers * 2 * h * (h - c.kv_dim),
     }
     forward = ("your count is a forward pass only: a training step adds the backward, which does two matmuls "
                "(input gradient, weight gradient) for every forward matmul, so a step is 3x the forward")
     out = dict(known)
     out[forward] = reference * 2 / 3
+    out["your count is twice the forward: the backward does two matmuls for every forward matmul (dx = dy W^T and "
+        "dW = x^T dy), each as large as the forward's, so a step is 3x the forward, not 2x"] = reference / 3
     for text, amount in known.items():  # a forward-only count with one of the mistakes above
         out[f"{forward}; and {text}"] = reference - (reference - amount) / 3
     return out
@@ -206,12 +212,111 @@ def check_flops_formula(formula: Callable[[ModelConfig, int], float],
                           explanation, 1e-6)
 
 
+BACKWARD_RATIO_WHY = ("Each forward matmul y = x W has two of the same size in the backward: dx = dy W^T "
+                      "and dW = x^T dy.")
+
+# (predicted ratio, what it means): the slips of exercise 10.3, recognised within 5%.
+BACKWARD_RATIO_SLIPS: tuple[tuple[float, str], ...] = (
+    (1.0, "you gave the backward one matmul per forward matmul; it needs the gradient of both operands of y = x W, "
+          "the input's (to pass on) and the weight's (to train it)"),
+    (3.0, "3 is a whole training step (forward + backward) over the forward; the question asks for the backward "
+          "alone"),
+    (0.5, "that is forward / backward, the ratio upside down"),
+    (1 / 3, "that is forward / (forward + backward), the forward's share of the step's FLOPs, upside down"),
+    (200.0, "a percentage (200%) where a ratio (a plain number) was asked for"),
+)
+
+
+def check_backward_ratio(predicted: float | None) -> bool:
+    """Exercise 10.3: the predicted backward / forward FLOP ratio lies in 1.9..2.1; a ratio that is a typical
+    slip (one matmul per forward matmul, the whole step, upside down, a percentage) is named."""
+    name = "your predicted backward / forward FLOP ratio"
+    try:
+        value = float(predicted)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return checkpoint(False, "", f"{name} is {predicted!r}: write the ratio you expect as a number")
+    hint = next((text for factor, text in BACKWARD_RATIO_SLIPS if math.isclose(value, factor, rel_tol=0.05)), "")
+    return check_between(name, value, 1.9, 2.1, why=BACKWARD_RATIO_WHY, hint=f"Likely: {hint}." if hint else "")
+
+
 # (shape, max_seq_len, [(batch, seq), ...]): short and long sequences, so that both the per-token and
 # the per-pair (S^2) terms show; batches 1..4, so that linearity in the batch shows.
-ACTIVATION_CASES: tuple[tuple[Shape, int, tuple[tuple[int, int], ...]], ...] = (
+ActivationCase = tuple[Shape, int, tuple[tuple[int, int], ...]]
+ACTIVATION_CASES: tuple[ActivationCase, ...] = (
     ((128, 64, 2, 4, 2, 160), 512, ((1, 32), (2, 32), (4, 32), (1, 128), (1, 256), (2, 384))),
     ((37, 48, 3, 6, 2, 100), 256, ((1, 24), (3, 24), (1, 96), (2, 200))),
 )
+# Synthetic shapes that make slips large which are small at the shapes above: one key/value head of a wide
+# hidden size with a narrow feed-forward (K and V at kv width fall short by 12%), and a vocabulary far
+# larger than the rest (the loss's log-softmax). Checked after the cases above, with the same tolerance.
+SYNTHETIC_ACTIVATION_CASES: tuple[ActivationCase, ...] = (
+    ((16, 96, 2, 12, 1, 32), 64, ((1, 16), (2, 16), (1, 48))),
+    ((2000, 32, 1, 4, 2, 64), 64, ((1, 16), (2, 24), (1, 40))),
+)
+
+
+def reference_activation_bytes(c: ModelConfig, batch: int, seq: int) -> float:
+    """The count exercise 10.5 asks for (fp32 bytes): per layer ten ``B x S x hidden`` tensors (K and V at
+    full width), four ``B x S x intermediate`` and one ``B x heads x S x S``; after the layers three
+    ``B x S x hidden`` and the loss's ``B x S x vocab``. What autograd saves besides (the boolean mask,
+    RMSNorm's ``1/rms``) is within 2%."""
+    h = c.hidden_dim
+    return 4.0 * (c.num_layers * _per_layer(c, batch, seq) + 3 * batch * seq * h + batch * seq * c.vocab_size)
+
+
+def _per_layer(c: ModelConfig, batch: int, seq: int) -> float:
+    """Values one layer of V1 keeps for the backward."""
+    h, i = c.hidden_dim, c.intermediate_dim
+    return 10 * batch * seq * h + 4 * batch * seq * i + batch * c.num_heads * seq * seq
+
+
+def _square(c: ModelConfig, batch: int, seq: int, heads: int) -> float:
+    return 4.0 * c.num_layers * batch * heads * seq * seq
+
+
+# (what the answer got wrong, the count with that mistake): the typical slips of exercise 10.5.
+ActivationSlip = tuple[str, Callable[[ModelConfig, int, int], float]]
+ACTIVATION_SLIPS: tuple[ActivationSlip, ...] = (
+    ("the softmax output is missing: V1 keeps one B x heads x S x S tensor per layer for the backward (the S^2 "
+     "term)", lambda c, b, s: reference_activation_bytes(c, b, s) - _square(c, b, s, c.num_heads)),
+    ("the S^2 term counts one S x S matrix per key/value head; V1 keeps one per query head (K and V are copied to "
+     "every query head before q k^T)",
+     lambda c, b, s: reference_activation_bytes(c, b, s) - _square(c, b, s, c.num_heads - c.num_kv_heads)),
+    ("the S^2 term has no batch factor: every sequence of the batch has its own attention matrices",
+     lambda c, b, s: reference_activation_bytes(c, b, s) - _square(c, b - 1, s, c.num_heads)),
+    ("K and V are counted at kv_heads * head_dim; V1 copies them to every query head before q k^T, and the "
+     "backward keeps those full-width copies",
+     lambda c, b, s: reference_activation_bytes(c, b, s) - 4.0 * c.num_layers * b * s * 2 * (c.hidden_dim - c.kv_dim)),
+    ("the SwiGLU tensors of width intermediate are missing (four of B x S x intermediate per layer: the gate and "
+     "up outputs, silu(gate) and the product that enters down_proj)",
+     lambda c, b, s: reference_activation_bytes(c, b, s) - 16.0 * c.num_layers * b * s * c.intermediate_dim),
+    ("the loss's log-softmax is missing: the cross-entropy keeps a B x S x vocab tensor for its backward",
+     lambda c, b, s: reference_activation_bytes(c, b, s) - 4.0 * b * s * c.vocab_size),
+    ("the per-layer tensors are counted for one layer: every layer keeps its own (x num_layers)",
+     lambda c, b, s: reference_activation_bytes(c, b, s) - 4.0 * (c.num_layers - 1) * _per_layer(c, b, s)),
+    ("your count is half: an fp32 value takes 4 bytes (yours counts 2, as for bf16)",
+     lambda c, b, s: reference_activation_bytes(c, b, s) / 2),
+    ("your count is a quarter: that is a number of values; an fp32 value takes 4 bytes",
+     lambda c, b, s: reference_activation_bytes(c, b, s) / 4),
+)
+
+
+def explain_activation_difference(formula: Callable[[ModelConfig, int, int], float],
+                                  cases: Sequence[tuple[Shape, int, Sequence[tuple[int, int]]]] = (
+                                      ACTIVATION_CASES + SYNTHETIC_ACTIVATION_CASES),
+                                  rel_tol: float = 0.02) -> str:
+    """The slip of :data:`ACTIVATION_SLIPS` that ``formula`` equals within ``rel_tol`` of the reference at
+    every point of ``cases`` ("" when none does)."""
+    points = [(shape_config(shape, max_seq), b, s) for shape, max_seq, pts in cases for b, s in pts]
+    answers = [float(formula(c, b, s)) for c, b, s in points]
+    for text, slip in ACTIVATION_SLIPS:
+        wrong = [slip(c, b, s) for c, b, s in points]
+        references = [reference_activation_bytes(c, b, s) for c, b, s in points]
+        if all(abs(w - r) <= rel_tol * r for w, r in zip(wrong, references)):
+            continue  # this slip changes nothing on these cases
+        if all(abs(a - w) <= rel_tol * r for a, w, r in zip(answers, wrong, references)):
+            return text
+    return ""
 
 
 @functools.lru_cache(maxsize=64)
@@ -227,14 +332,18 @@ def measured_activation_bytes(config: ModelConfig, batch: int, seq: int) -> int:
 
 def check_activation_formula(formula: Callable[[ModelConfig, int, int], float],
                              cases: Sequence[tuple[Shape, int, Sequence[tuple[int, int]]]] = ACTIVATION_CASES,
-                             rel_tol: float = 0.10) -> bool:
+                             rel_tol: float = 0.10,
+                             synthetic: Sequence[tuple[Shape, int, Sequence[tuple[int, int]]]] = (
+                                 SYNTHETIC_ACTIVATION_CASES)) -> bool:
     """``formula(config, batch, seq)`` (bytes saved for the backward, fp32) within ``rel_tol`` of what
-    autograd saves, at every point; the feedback compares the per-token and per-pair coefficients."""
+    autograd saves, at every point of ``cases`` and of ``synthetic`` (shapes on which typical slips show);
+    the feedback compares the per-token and per-pair coefficients and names the slip the formula equals
+    (:data:`ACTIVATION_SLIPS`)."""
     problems: list[str] = []
     fits: list[str] = []
-    for shape, max_seq, points in cases:
+    for shape, max_seq, points in (*cases, *synthetic):
         config = shape_config(shape, max_seq)
-        measured, predicted = [], []
+        measured, predicted, before = [], [], len(problems)
         for batch, seq in points:
             actual = measured_activation_bytes(config, batch, seq)
             try:
@@ -249,7 +358,7 @@ def check_activation_formula(formula: Callable[[ModelConfig, int, int], float],
             if not math.isfinite(guess) or abs(guess - actual) > rel_tol * actual:
                 problems.append(f"{shape}, batch {batch}, seq {seq}: predicted {guess / 2**20:.3f} MiB, autograd "
                                 f"saved {actual / 2**20:.3f} MiB ({guess / actual if actual else math.inf:.2f}x)")
-        if any(problems):
+        if len(problems) > before:  # this shape's coefficients, where it is off
             a_m, b_m, _ = anatomy.fit_batch_seq(measured)
             a_p, b_p, _ = anatomy.fit_batch_seq(predicted)
             fits.append(f"for {shape}: bytes per token (linear in S) predicted {a_p:,.0f}, measured {a_m:,.0f}; "
@@ -258,10 +367,17 @@ def check_activation_formula(formula: Callable[[ModelConfig, int, int], float],
         total = sum(len(points) for _, _, points in cases)
         return checkpoint(True, f"your activation formula is within {rel_tol:.0%} of what autograd saves at all "
                                 f"{total} (batch, seq) points of {len(cases)} model shapes", "")
+    try:
+        slip = explain_activation_difference(formula, (*cases, *synthetic))
+    except NotImplementedError:
+        raise
+    except Exception:  # noqa: BLE001 - the message above already says where the formula failed
+        slip = ""
+    advice = (f"\n  Likely: {slip}." if slip else
+              "\n  A per-token term off: count the (B, S, hidden) and (B, S, intermediate) tensors the backward "
+              "needs again; an S^2 term off: V1 keeps the softmax output of every head (K/V copied to all heads).")
     message = (f"your activation formula is off by more than {rel_tol:.0%} at {len(problems)} point(s):\n  - "
-               + "\n  - ".join(problems[:6]) + "\n  The fitted coefficients:\n  - " + "\n  - ".join(fits)
-               + "\n  A per-token term off: count the (B, S, hidden) and (B, S, intermediate) tensors the backward "
-                 "needs again; an S^2 term off: V1 keeps the softmax output of every head (K/V copied to all heads).")
+               + "\n  - ".join(problems[:6]) + "\n  The fitted coefficients:\n  - " + "\n  - ".join(fits) + advice)
     return checkpoint(False, "", message)
 
 
@@ -295,6 +411,10 @@ def check_fits(fits: Callable[[int], bool], model: nn.Module, batch: int,
     if answer is not False:
         return checkpoint(False, "", f"fits() returned {answer!r} after an out-of-memory error: it must return False")
     left = [name for name, p in model.named_parameters() if p.grad is not None]
+    if left and all(not bool(p.grad.any()) for p in model.parameters() if p.grad is not None):
+        return checkpoint(False, "", f"after the out-of-memory error {len(left)} parameter(s) hold a gradient of zeros "
+                                     f"(e.g. {left[0]}): zeroing keeps the gradients' memory. Drop them instead "
+                                     "(zero_grad(set_to_none=True)) before returning False")
     if left:
         return checkpoint(False, "", f"after the out-of-memory error {len(left)} parameter(s) still hold a gradient "
                                      f"(e.g. {left[0]}): the failed backward had already written them. Drop them, as "

@@ -5,8 +5,10 @@
   projection's backward), each with the reason for its category;
 - :func:`check_mfu`: an MFU against the value its inputs give, with the usual slips recognised by
   their factor (forward FLOPs only, MACs for FLOPs, percent for a fraction, milliseconds for seconds);
-- :func:`check_roof_time`: a participant's time-at-the-roof function on fresh random operators;
-- :func:`check_step_speedup`: a participant's Amdahl's-law step speed-up on fresh random shares;
+- :func:`check_roof_time`: a participant's time-at-the-roof function on fresh random operators, the typical
+  mistakes (:data:`ROOF_SLIPS`: a sum, the smaller time, seconds, a missing 1e12, Python's ``max``) named;
+- :func:`check_step_speedup`: a participant's Amdahl's-law step speed-up on fresh random shares, the typical
+  mistakes (:data:`SPEEDUP_SLIPS`) named (:func:`check_function_slips` compares a wrong answer with each);
 - :func:`check_prediction`: a predicted step speed-up is a plausible number (not graded);
 - :func:`cast_time`: the time autocast's dtype casts take inside a profile of operators;
 - :func:`roof_bands`: how the step's time spreads over operators near and far from their roof.
@@ -18,13 +20,14 @@ The categories are those of :data:`CATEGORIES`; each one is the target of one re
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
 
 from tinyllama.course.checkpoints import check_between, checkpoint
-from tinyllama.course.feedback import check_function
+from tinyllama.course.feedback import check_function, compare_outputs
 
 CATEGORIES = ("attention", "attn_proj", "ffn", "norm", "elementwise", "other")
 LABELS = {
@@ -79,21 +82,41 @@ def check_classifier(classify: Callable[[str, str], str]) -> bool:
             wrong.append(f"classify({operator!r}, {module!r}) gave {got!r}, expected {expected!r}: {why}")
     unknown = sorted({c for *_, c, _ in CASES} - set(CATEGORIES))
     assert not unknown, unknown
+    invented = sorted({got for operator, module, *_ in CASES
+                       if isinstance(got := _safe(classify, operator, module), str) and got not in CATEGORIES})
+    note = (f"\n  {', '.join(repr(c) for c in invented)} is not one of the categories: return one of "
+            f"{', '.join(CATEGORIES)} (a module's name is not a category)" if invented else "")
     return checkpoint(not wrong, f"classify puts all {len(CASES)} known operators in the right category",
                       f"{len(wrong)} of {len(CASES)} operators in the wrong category (categories: "
-                      f"{', '.join(CATEGORIES)}):\n  - " + "\n  - ".join(wrong))
+                      f"{', '.join(CATEGORIES)}):\n  - " + "\n  - ".join(wrong) + note)
+
+
+def _safe(classify: Callable[[str, str], str], operator: str, module: str) -> Any:
+    try:
+        return classify(operator, module)
+    except NotImplementedError:
+        raise
+    except Exception:  # noqa: BLE001 - check_classifier reports the error itself
+        return None
 
 
 # Factors by which a plausible slip moves an MFU, and the slip.
 _MFU_SLIPS = [
     (1 / 3, "a third of the expected value: were only the forward pass's FLOPs counted? A training step is "
             "forward + backward, and the backward does about twice the forward's matmul work"),
+    (2 / 3, "two thirds of the expected value: the backward was counted as one forward's worth; it does two "
+            "matmuls (the input's gradient and the weight's) for every forward matmul, so a step is 3x the forward"),
     (1 / 2, "half the expected value: were multiply-accumulates (MACs) taken for FLOPs? One MAC is two FLOPs"),
+    (2.0, "twice the expected value: forward_flops already counts FLOPs (2 x MACs); doubling it again counts each "
+          "multiply-add twice"),
     (1 / 6, "a sixth of the expected value: forward only, and MACs instead of FLOPs"),
     (100.0, "100x the expected value: a percentage where a fraction was asked for (0.25, not 25)"),
-    (1e3, "1000x the expected value: milliseconds used as seconds? Divide a time in ms by 1e3 for seconds"),
-    (1e-3, "1/1000 of the expected value: seconds and milliseconds swapped, or TFLOP/s and GFLOP/s"),
-    (1e12, "1e12 times the expected value: the ceiling is in TFLOP/s, multiply it by 1e12 for FLOP/s"),
+    (1e3, "1000x the expected value: the step time converted the wrong way (ms / 1e6, or s x 1e3?) or GFLOP/s taken "
+          "for TFLOP/s"),
+    (1e-3, "1/1000 of the expected value: the step time in milliseconds used as seconds? Divide a time in ms by "
+           "1e3 for seconds"),
+    (1e12, "1e12 times the expected value: the achieved rate is in FLOP/s and the ceiling in TFLOP/s: divide the rate "
+           "by 1e12 (or multiply the ceiling by it)"),
     (1e-12, "1e-12 times the expected value: FLOP/s divided by TFLOP/s without the 1e12"),
 ]
 
@@ -120,6 +143,82 @@ def check_mfu(mfu: float, forward_flops: float, step_ms: float, ceiling_tflops: 
                              f"the measured ceiling ({ceiling_tflops:.4g} TFLOP/s) gives {expected:.4g}.")
 
 
+@dataclass(frozen=True)
+class Slip:
+    """A typical wrong answer to a function exercise: ``function`` computes it on the same inputs (or, for an
+    answer that cannot run, ``error`` is a phrase of the error it raises), ``message`` says what went wrong."""
+
+    name: str
+    message: str
+    function: Callable[..., Any] | None = None
+    error: str = ""
+
+
+def _outputs(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _agree(actual: Sequence[Any], expected: Sequence[Any], atol: float, rtol: float) -> bool:
+    if len(actual) != len(expected):
+        return False
+    try:
+        return all(compare_outputs(a, e, atol, rtol).ok for a, e in zip(actual, expected))
+    except Exception:  # noqa: BLE001 - an output that is no tensor or number is no match
+        return False
+
+
+def name_slip(candidate: Callable[..., Any], reference: Callable[..., Any],
+              make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Sequence[tuple[int, ...]],
+              slips: Sequence[Slip], atol: float, rtol: float, seed: int = 0) -> Slip | None:
+    """The first of ``slips`` that ``candidate`` reproduces on every shape where it differs from ``reference``
+    (the same seeded inputs for all three); ``None`` when it agrees everywhere or reproduces none of them."""
+
+    def inputs(shape: tuple[int, ...]) -> tuple[Any, ...]:  # fresh copies each time: an answer may write to them
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return tuple(make_inputs(shape))
+
+    wrong_on = []  # (shape, expected, actual or None, error or None) where the answer is wrong
+    for shape in shapes:
+        expected = _outputs(reference(*inputs(shape)))
+        try:
+            actual, error = _outputs(candidate(*inputs(shape))), None
+        except NotImplementedError:
+            raise
+        except Exception as raised:  # noqa: BLE001 - the participant's code: a slip may explain the error
+            actual, error = None, raised
+        if error is not None or not _agree(actual, expected, atol, rtol):
+            wrong_on.append((shape, expected, actual, error))
+
+    def reproduces(slip: Slip, shape: tuple[int, ...], expected: Any, actual: Any, error: Exception | None) -> bool:
+        if error is not None and slip.error and slip.error in str(error):
+            return True
+        if slip.function is None:
+            return False
+        try:
+            wrong = _outputs(slip.function(*inputs(shape)))
+        except Exception as raised:  # noqa: BLE001 - a slip that fails: the answer must fail the same way
+            return error is not None and type(raised) is type(error) and str(raised) == str(error)
+        return (error is None and not _agree(wrong, expected, atol, rtol)
+                and _agree(actual, wrong, atol, rtol))
+
+    if not wrong_on:
+        return None
+    return next((slip for slip in slips if all(reproduces(slip, *case) for case in wrong_on)), None)
+
+
+def check_function_slips(name: str, candidate: Callable[..., Any], reference: Callable[..., Any],
+                         make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Sequence[tuple[int, ...]],
+                         slips: Sequence[Slip], atol: float, rtol: float, hint: str) -> bool:
+    """:func:`tinyllama.course.feedback.check_function` on ``shapes``, but a wrong answer that reproduces one
+    of ``slips`` fails with that slip's message instead of the general ``hint``."""
+    slip = name_slip(candidate, reference, make_inputs, shapes, slips, atol, rtol)
+    if slip is not None:
+        shown = ", ".join(str(tuple(shape)) for shape in shapes)
+        return checkpoint(False, "", f"{name} differs from the reference on inputs of shapes {shown}: {slip.message}")
+    return check_function(name, candidate, reference, make_inputs, shapes=shapes, atol=atol, rtol=rtol, hint=hint)
+
+
 def _roof_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, float, float]:
     """Random operators spanning memory-bound and compute-bound, and a random device."""
     flops = torch.exp(torch.empty(shape, dtype=torch.float64).uniform_(math.log(1e3), math.log(1e13)))
@@ -133,13 +232,34 @@ def _roof_reference(flops: torch.Tensor, nbytes: torch.Tensor, peak_tflops: floa
     return 1e3 * torch.maximum(flops / (peak_tflops * 1e12), nbytes / (bandwidth_tbs * 1e12))
 
 
+ROOF_SLIPS: tuple[Slip, ...] = (
+    Slip("sum", "you add the two times: the arithmetic and the memory traffic overlap, so the operator needs the "
+                "larger of the two, not their sum",
+         lambda f, b, p, w: 1e3 * (f / (p * 1e12) + b / (w * 1e12))),
+    Slip("min", "you take the smaller of the two times: the operator is done only when both its arithmetic and its "
+                "bytes are, so it needs the larger one",
+         lambda f, b, p, w: 1e3 * torch.minimum(f / (p * 1e12), b / (w * 1e12))),
+    Slip("seconds", "your times are in seconds (1/1000 of the reference): the answer is in milliseconds, x 1e3",
+         lambda f, b, p, w: torch.maximum(f / (p * 1e12), b / (w * 1e12))),
+    Slip("microseconds", "your times are in microseconds (1000x the reference): the answer is in milliseconds",
+         lambda f, b, p, w: 1e6 * torch.maximum(f / (p * 1e12), b / (w * 1e12))),
+    Slip("no 1e12", "your times are 1e12x the reference: TFLOP/s and TB/s are 1e12 FLOP and bytes per second",
+         lambda f, b, p, w: 1e3 * torch.maximum(f / p, b / w)),
+    Slip("GB/s", "the memory time is 1000x too long: 1 TB/s is 1e12 bytes per second, not 1e9",
+         lambda f, b, p, w: 1e3 * torch.maximum(f / (p * 1e12), b / (w * 1e9))),
+    Slip("python max", "Python's max (or an if) compares whole tensors and fails for more than one operator: "
+                       "torch.maximum takes the larger value element by element", error="ambiguous"),
+)
+
+
 def check_roof_time(time_at_roof_ms: Callable[..., torch.Tensor]) -> bool:
     """``time_at_roof_ms(flops, nbytes, peak_tflops, bandwidth_tbs)`` (tensors of operators, two rates)
-    against the reference on random operators that are memory- and compute-bound."""
-    return check_function("time_at_roof_ms", time_at_roof_ms, _roof_reference, _roof_inputs,
-                          shapes=[(1,), (7,), (33,)], atol=0.0, rtol=1e-6,
-                          hint="An operator needs at least the time for its arithmetic at the compute roof and at "
-                               "least the time for its bytes at the memory roof; both happen at once.")
+    against the reference on random operators that are memory- and compute-bound; a typical mistake
+    (:data:`ROOF_SLIPS`) is named."""
+    return check_function_slips("time_at_roof_ms", time_at_roof_ms, _roof_reference, _roof_inputs,
+                                shapes=[(1,), (7,), (33,)], slips=ROOF_SLIPS, atol=0.0, rtol=1e-6,
+                                hint="An operator needs at least the time for its arithmetic at the compute roof and "
+                                     "at least the time for its bytes at the memory roof; both happen at once.")
 
 
 def _speedup_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,12 +272,31 @@ def _speedup_reference(share: torch.Tensor, local: torch.Tensor) -> torch.Tensor
     return 1.0 / ((1.0 - share) + share / local)
 
 
+SPEEDUP_SLIPS: tuple[Slip, ...] = (
+    Slip("new time", "that is the new step time as a fraction of the old one; the speed-up is old / new, its inverse",
+         lambda s, k: (1.0 - s) + s / k),
+    Slip("weighted speed-ups", "you average the speed-ups weighted by share (1 - share + share x local): speed-ups do "
+                               "not add up, times do. Add the times of both parts, then take old / new",
+         lambda s, k: (1.0 - s) + s * k),
+    Slip("multiplied", "the touched part's time is multiplied by the local speed-up; a speed-up divides its time",
+         lambda s, k: 1.0 / ((1.0 - s) + s * k)),
+    Slip("limit", "that is the limit for a part that takes no time at all, 1 / (1 - share): the touched part still "
+                  "takes share / local_speedup",
+         lambda s, k: 1.0 / (1.0 - s)),
+    Slip("whole step", "the whole step is sped up by the local speed-up: only the share the remedy touches gets "
+                       "faster, the rest keeps its time",
+         lambda s, k: k + 0.0 * s),
+)
+
+
 def check_step_speedup(step_speedup: Callable[..., torch.Tensor]) -> bool:
-    """``step_speedup(share, local_speedup)`` (Amdahl's law) on random shares and local speed-ups."""
-    return check_function("step_speedup", step_speedup, _speedup_reference, _speedup_inputs,
-                          shapes=[(1,), (9,), (40,)], atol=0.0, rtol=1e-9,
-                          hint="Only the share of the step that the remedy touches gets faster; the rest of the step "
-                               "takes as long as before. Write the new step time as a fraction of the old one.")
+    """``step_speedup(share, local_speedup)`` (Amdahl's law) on random shares and local speed-ups; a typical
+    mistake (:data:`SPEEDUP_SLIPS`) is named."""
+    return check_function_slips("step_speedup", step_speedup, _speedup_reference, _speedup_inputs,
+                                shapes=[(1,), (9,), (40,)], slips=SPEEDUP_SLIPS, atol=0.0, rtol=1e-9,
+                                hint="Only the share of the step that the remedy touches gets faster; the rest of the "
+                                     "step takes as long as before. Write the new step time as a fraction of the old "
+                                     "one.")
 
 
 def check_prediction(name: str, speedup: float) -> bool:
