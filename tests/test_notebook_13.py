@@ -11,7 +11,7 @@ import triton.language as tl
 from notebook_exercises import SolutionExercises, run_source
 from tinyllama import course, kernel_costs
 from tinyllama import kernels as library
-from tinyllama.course import backward_checks, guards
+from tinyllama.course import backward_checks, guards, triton_basics_checks
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.exercise_stop import check_cells, match_exercise
 from tinyllama.course.results import checkout_root
@@ -50,70 +50,9 @@ def test_host_time_per_call_and_device_time_on_the_cpu():
         kernel_costs.host_us_per_call(lambda: None, "cpu", calls=0)
 
 
-# ---- exercise 13.4 / 13.5: numbers off by a factor fail, and say by how much -------------------------
-
-def _bytes_check(value, rows=8192, width=1024, itemsize=2):
-    expected = kernel_costs.rmsnorm_forward_bytes(rows, width, itemsize)
-    return course.check_between("rmsnorm_bytes", value, expected * 0.999, expected * 1.001, unit="bytes")
-
-
-def test_bytes_check_catches_a_forgotten_write_and_elements_for_bytes(capsys):
-    assert _bytes_check(kernel_costs.rmsnorm_forward_bytes(8192, 1024, 2))
-    assert not _bytes_check(8192 * 1024 * 2 + 1024 * 2)  # y's write forgotten
-    assert "below the bound" in capsys.readouterr().out
-    assert not _bytes_check(2 * 8192 * 1024 + 1024)  # elements, not bytes
-    assert not _bytes_check(2 * (2 * 8192 * 1024 * 2 + 1024 * 2))  # each element counted read and written
-
-
-def test_launch_bound_check_catches_an_unconverted_unit(capsys):
-    expected = kernel_costs.launch_bound_bytes(20.0, 3.0) / 2**20
-    wrong = 20.0 * 3.0 / 2**20  # microseconds times TB/s, unconverted
-    assert not course.check_between("launch_bound_mib", wrong, expected * 0.99, expected * 1.01)
-    assert "9.9e+05x below the bound" in capsys.readouterr().out  # the bound is 1% under the answer
-
-
-# ---- exercise 13.2: wrong RMSNorm kernels fail the notebook's check with a pointed note --------------
-
-@triton.jit
-def _rmsnorm_variant(X, W, Y, stride_x, stride_y, N, eps, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    in_row = cols < N
-    if MISTAKE == 2:  # rows assumed to lie N apart
-        x = tl.load(X + row * N + cols, mask=in_row, other=0.0).to(tl.float32)
-    else:
-        x = tl.load(X + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
-    if MISTAKE == 1:  # mean over the padded block
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / BLOCK_N + eps)
-    else:
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    w = tl.load(W + cols, mask=in_row, other=0.0).to(tl.float32)
-    tl.store(Y + row * stride_y + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=in_row)
-
-
-def _launcher(mistake):
-    def run(x, weight, eps=1e-5):
-        M, N = x.shape
-        y = torch.empty((M, N), dtype=x.dtype)
-        _rmsnorm_variant[(M,)](x, weight, y, x.stride(0), y.stride(0), N, eps, BLOCK_N=triton.next_power_of_2(N),
-                               MISTAKE=mistake)
-        return y
-    return run
-
-
 def _rows(shape):  # as the notebook's check makes them: views whose rows lie width + 3 apart
     rows, width = shape
     return torch.randn(rows, width + 3)[:, :width], 1 + 0.1 * torch.randn(width)
-
-
-def test_rmsnorm_check_passes_the_right_kernel_and_names_each_mistake(capsys):
-    check = lambda mistake: course.check_function("rmsnorm_kernel", _launcher(mistake), rmsnorm_reference, _rows,
-                                                  SHAPES, atol=1e-5, rtol=1e-5, seed=1, guard=True)
-    assert check(0)
-    assert not check(1)
-    assert "x the reference everywhere" in capsys.readouterr().out  # mean over BLOCK_N: a constant factor
-    assert not check(2)
-    assert "the wrong elements lie only in rows" in capsys.readouterr().out  # the row stride
 
 
 # ---- the solution notebook: every exercise can be revealed ---------------------------------------------
@@ -333,7 +272,7 @@ DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 def _add_check(solution, replace=None):
     """Exercise 13.1's solution cell (with ``replace``) and its check cell (the next code cell), on DEVICE in fp32."""
     namespace = {"torch": torch, "triton": triton, "tl": tl, "course": course, "device": DEVICE,
-                 "DTYPES": {"fp32": torch.float32}, "profile": _CI}
+                 "DTYPES": {"fp32": torch.float32}, "profile": _CI, "triton_basics_checks": triton_basics_checks}
     solution.run("13.1", namespace, replace, check=False)
     index = solution.found["13.1"][0] + 1
     while solution.nb.cells[index].cell_type != "code":
@@ -359,7 +298,7 @@ def test_an_unmasked_load_whose_lanes_the_store_drops_is_named(solution, monkeyp
         assert old in source
         source = source.replace(old, new)
     namespace = {"torch": torch, "triton": triton, "tl": tl, "course": course, "device": DEVICE,
-                 "DTYPES": {"fp32": torch.float32}, "profile": _CI}
+                 "DTYPES": {"fp32": torch.float32}, "profile": _CI, "triton_basics_checks": triton_basics_checks}
     run_source(source, namespace)
     index = solution.found["13.1"][0] + 1
     while solution.nb.cells[index].cell_type != "code":
@@ -466,3 +405,162 @@ def _add_maybe_masked(X, OUT, n, BLOCK: tl.constexpr, MASKED: tl.constexpr):
     else:
         x = tl.load(X + offsets)
     tl.store(OUT + offsets, x + 1.0, mask=offsets < n)
+
+
+# ---- exercises 13.1-13.5 through the notebook's own check cells: the reference passes, each slip its own message ----
+
+def _forward_namespace():
+    """What the notebook defines before the forward exercises, at the ci sizes, in fp32 on this CPU or GPU."""
+    import pandas as pd
+
+    return {"torch": torch, "triton": triton, "tl": tl, "course": course, "library": library, "pd": pd,
+            "kernel_costs": kernel_costs, "triton_basics_checks": triton_basics_checks, "device": DEVICE,
+            "DTYPES": {"fp32": torch.float32}, "TIMED": "fp32", "profile": _CI_FORWARD, "on_gpu": False,
+            "ROWS": 64, "HIDDEN": 96, "copy_tbs": 3.0, "verdicts": {}}
+
+
+class _CI_FORWARD(_CI):
+    tinyllama_preset = "ci"
+
+
+def _next_code(solution, index):
+    while solution.nb.cells[index].cell_type != "code":
+        index += 1
+    return index
+
+
+def _run_forward(solution, exercise, replacements=(), namespace=None):
+    """The solution cell of ``exercise`` with every (old, new) of ``replacements`` applied, then its check cell
+    (the first code cell after it; for 13.2 and 13.3 the cell that checks the kernel)."""
+    namespace = _forward_namespace() if namespace is None else namespace
+    source = solution.source(exercise)
+    for old, new in replacements:
+        assert old in source, f"{old!r} is not in the solution of {exercise}"
+        source = source.replace(old, new)
+    run_source(source, namespace)
+    run_source(solution.nb.cells[_next_code(solution, solution.found[exercise][0] + 1)].source, namespace)
+    return namespace
+
+
+def _slip_messages(slips):
+    return triton_basics_checks.slips_by_name(slips)
+
+
+def _only(shown, message, messages):
+    assert message in shown, shown
+    others = [text for text in messages.values() if text != message and text in shown]
+    assert not others, f"the feedback names other mistakes too: {others}"
+
+
+ADD_SLIPS = [  # (the solution's line, the slip, the slip's name; None: the guards' own sentence)
+    ("offsets = pid * BLOCK + tl.arange(0, BLOCK)", "offsets = tl.arange(0, BLOCK)", "offsets without the block's start"),
+    ("y = tl.load(Y + offsets", "y = tl.load(X + offsets", "x loaded twice"),
+    ("tl.store(OUT + offsets, x + y,", "tl.store(OUT + offsets, x * y,", "x times y"),
+    ("tl.store(OUT + offsets, x + y, mask=in_range)", "tl.store(OUT + offsets, x + y)", None),
+]
+
+
+@pytest.mark.parametrize("old, new, slip", ADD_SLIPS, ids=[s[1] for s in ADD_SLIPS])
+def test_each_add_slip_fails_with_its_own_message(solution, capsys, old, new, slip):
+    namespace = _run_forward(solution, "13.1", [(old, new)])
+    shown = capsys.readouterr().out
+    assert namespace["verdicts"]["add_kernel"] is False and "CHECK: add_kernel (fp32) differs" in shown
+    messages = _slip_messages(triton_basics_checks.ADD_SLIPS)
+    if slip is None:  # a store past the end: stopped by the guards, which name the store
+        assert guards.STORE_HINT in shown
+        assert not [text for text in messages.values() if text in shown]
+    else:
+        _only(shown, messages[slip], messages)
+
+
+RMSNORM_SLIPS = [
+    ("/ N + eps", "/ BLOCK_N + eps", "mean over BLOCK_N"),
+    ("X + row * stride_x + cols", "X + row * N + cols", "rows N apart"),
+    ("y = x * rstd * w", "y = x * rstd", "no weight"),
+    ("tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)", "1.0 / (tl.sum(x * x, axis=0) / N + eps)", "no root"),
+]
+
+
+@pytest.mark.parametrize("old, new, slip", RMSNORM_SLIPS, ids=[s[2] for s in RMSNORM_SLIPS])
+def test_each_rmsnorm_slip_fails_with_its_own_message(solution, capsys, old, new, slip):
+    namespace = _run_forward(solution, "13.2", [(old, new)])
+    shown = capsys.readouterr().out
+    assert namespace["verdicts"]["rmsnorm_kernel"] is False and "CHECK: rmsnorm_kernel (fp32) differs" in shown
+    _only(shown, _slip_messages(triton_basics_checks.RMSNORM_SLIPS)[slip],
+          _slip_messages(triton_basics_checks.RMSNORM_SLIPS))
+
+
+SWIGLU_SLIPS = [
+    ([("out = g * tl.sigmoid(g) * u", "out = u * tl.sigmoid(u) * g")], "gate and up swapped"),
+    ([("out = g * tl.sigmoid(g) * u", "out = tl.sigmoid(g) * u")], "sigmoid, not silu"),
+    ([("G + row * stride_g", "G + row * stride_out"), ("U + row * stride_u", "U + row * stride_out")], "rows F apart"),
+]
+
+
+@pytest.mark.parametrize("replacements, slip", SWIGLU_SLIPS, ids=[s[1] for s in SWIGLU_SLIPS])
+def test_each_swiglu_slip_fails_with_its_own_message(solution, capsys, replacements, slip):
+    namespace = _forward_namespace()
+    run_source(solution.nb.cells[_next_code(solution, solution.found["13.2"][0] + 1)].source.split("verdicts[")[0],
+               namespace)  # TOLERANCE, defined by 13.2's check cell
+    namespace = _run_forward(solution, "13.3", replacements, namespace)
+    shown = capsys.readouterr().out
+    assert namespace["verdicts"]["swiglu_kernel"] is False and "CHECK: swiglu_kernel (fp32) differs" in shown
+    _only(shown, _slip_messages(triton_basics_checks.SWIGLU_SLIPS)[slip],
+          _slip_messages(triton_basics_checks.SWIGLU_SLIPS))
+
+
+def test_the_forward_reference_answers_pass_with_the_output_the_notebook_stored(solution, capsys):
+    namespace = _forward_namespace()
+    for exercise in ("13.1", "13.2", "13.3", "13.4"):
+        _run_forward(solution, exercise, namespace=namespace)
+    namespace["launch"] = namespace["pd"].DataFrame({"implementation": ["yours"], "host us": [20.0],
+                                                     "device us": [5.0], "MiB": [0.1]})
+    _run_forward(solution, "13.5", namespace=namespace)
+    shown = capsys.readouterr().out
+    assert "CHECK" not in shown and all(namespace["verdicts"].values()) and namespace["bytes_ok"] and namespace["launch_ok"]
+    # What the check cells print on success is what check_function and check_between printed before (stored outputs).
+    assert "PASS: rmsnorm_kernel (fp32) agrees with the reference on fresh random inputs of shapes (3, 5)" in shown
+    assert "PASS: rmsnorm_bytes(8192, 1024, 2) = 3.356e+07 bytes is plausible" in shown
+    assert "PASS: launch_bound_mib = 57.22 MiB is plausible (between 56.65 and 57.79 MiB). bytes = launch time" in shown
+
+
+BYTES_SLIPS = [
+    ("return 2 * rows * width * itemsize + width * itemsize", "return rows * width * itemsize + width * itemsize",
+     "write forgotten"),
+    ("return 2 * rows * width * itemsize + width * itemsize", "return 2 * rows * width + width", "elements, not bytes"),
+    ("return 2 * rows * width * itemsize + width * itemsize", "return 3 * rows * width * itemsize", "weight per row"),
+    ("return 2 * rows * width * itemsize + width * itemsize", "return 2 * rows * width * itemsize", "weight forgotten"),
+    ("return 2 * rows * width * itemsize + width * itemsize", "return 2 * (2 * rows * width * itemsize + width * itemsize)",
+     "read and write each"),
+]
+
+
+@pytest.mark.parametrize("old, new, slip", BYTES_SLIPS, ids=[s[2] for s in BYTES_SLIPS])
+def test_each_bytes_slip_fails_with_its_own_message(solution, capsys, old, new, slip):
+    namespace = _run_forward(solution, "13.4", [(old, new)])
+    shown = capsys.readouterr().out
+    assert namespace["bytes_ok"] is False and "CHECK: rmsnorm_bytes(" in shown
+    _only(shown, _slip_messages(triton_basics_checks.BYTES_SLIPS)[slip],
+          _slip_messages(triton_basics_checks.BYTES_SLIPS))
+
+
+LAUNCH_ANSWER = "launch_bound_mib = my_launch_us * 1e-6 * copy_tbs * 1e12 / 2**20"
+LAUNCH_SLIPS = [
+    ("launch_bound_mib = my_launch_us * copy_tbs * 1e12 / 2**20", "microseconds unconverted"),
+    ("launch_bound_mib = my_launch_us * 1e-6 * copy_tbs / 2**20", "TB/s unconverted"),
+    ("launch_bound_mib = my_launch_us * copy_tbs / 2**20", "both units unconverted"),
+    ("launch_bound_mib = my_launch_us * 1e-6 * copy_tbs * 1e12 / 1e6", "MB, not MiB"),
+    ("launch_bound_mib = my_launch_us * 1e-6 * copy_tbs * 1e12 / 2**30", "GiB, not MiB"),
+]
+
+
+@pytest.mark.parametrize("new, slip", LAUNCH_SLIPS, ids=[s[1] for s in LAUNCH_SLIPS])
+def test_each_launch_bound_slip_fails_with_its_own_message(solution, capsys, new, slip):
+    namespace = _forward_namespace()
+    namespace["launch"] = namespace["pd"].DataFrame({"implementation": ["yours"], "host us": [20.0],
+                                                     "device us": [5.0], "MiB": [0.1]})
+    _run_forward(solution, "13.5", [(LAUNCH_ANSWER, new)], namespace=namespace)
+    shown = capsys.readouterr().out
+    assert namespace["launch_ok"] is False and "CHECK: launch_bound_mib = " in shown
+    _only(shown, _slip_messages(triton_basics_checks.LAUNCH_SLIPS)[slip],
+          _slip_messages(triton_basics_checks.LAUNCH_SLIPS))

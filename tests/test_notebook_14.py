@@ -11,7 +11,7 @@ import triton.language as tl
 
 from notebook_exercises import SolutionExercises, run_source
 from tinyllama import course
-from tinyllama.course import attention_kernel_checks
+from tinyllama.course import attention_checks, attention_kernel_checks
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.reveal import reveal
 from tinyllama.course.results import checkout_root
@@ -29,7 +29,8 @@ def notebook():
 
 def _run(notebook, exercise, replace=None, setup=""):
     """Run the solution cell of ``exercise`` (with ``replace`` = (old, new) applied) and its check cell."""
-    namespace = {"torch": torch, "math": math, "course": course, "flash_attention_reference": flash_attention_reference}
+    namespace = {"torch": torch, "math": math, "course": course, "flash_attention_reference": flash_attention_reference,
+                 "attention_checks": attention_checks}
     run_source(setup, namespace)
     notebook.run(exercise, namespace, replace)
 
@@ -56,32 +57,116 @@ def test_intensity_without_the_two_flops_per_multiply_add_passes_only_within_the
                                  "naive_bytes = 2 * (4 * B * H * S * D + 4 * B * H * S)"))
 
 
-@pytest.mark.parametrize("mistake", [
-    ("l * torch.exp(m - m_new)", "l"),  # the old sum not rescaled
-    ("torch.exp(block - m_new[:, None])", "torch.exp(block)"),  # no maximum subtracted: overflow
-    ("m = m_new", "pass"),  # the running maximum never kept
-])
-def test_online_softmax_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "14.2", mistake)
+SOFTMAX_SLIPS = [  # (the solution's line, the slip, the slip's name in attention_checks.SOFTMAX_SLIPS)
+    ("l * torch.exp(m - m_new)", "l", "no_l_rescale"),  # the old sum not rescaled
+    ("torch.exp(block - m_new[:, None])", "torch.exp(block)", "no_max"),  # no maximum subtracted: overflow
+    ("m = m_new", "pass", "m_not_kept"),  # the running maximum never kept
+]
 
 
-@pytest.mark.parametrize("mistake", [
-    ("kv = h // groups", "kv = h % k.shape[1]"),  # grouped heads interleaved instead of consecutive
-    ("end = stop_m if causal else seq", "end = start_m + 1 if causal else seq"),  # the key loop stops early
-    ("cols[None, None, :] > rows[None, :, None]", "cols[None, None, :] >= rows[None, :, None]"),  # the diagonal masked
-    ("acc = acc * alpha[..., None] + p @ v_tile", "acc = acc + p @ v_tile"),  # acc not rescaled
-])
-def test_tiled_attention_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "14.3", mistake)
+def _only(message, named, messages):
+    assert messages[named] in message, message
+    others = [name for name, text in messages.items() if name != named and text in message]
+    assert not others, f"the feedback names other mistakes too: {others}"
 
 
-def test_memory_prediction_in_bf16_bytes_fails():
-    # The check of 14.5 compares measured / predicted with 0.6..1.7: probabilities counted at 2 bytes
-    # (the inputs' bf16) instead of the reference's fp32 are 2x off.
-    with pytest.raises(CheckpointFailed):
-        course.check_between("math path: measured / predicted saved bytes", 2.05, 0.6, 1.7)
+@pytest.mark.parametrize("old, new, slip", SOFTMAX_SLIPS, ids=[s[2] for s in SOFTMAX_SLIPS])
+def test_each_online_softmax_slip_fails_with_its_own_message(notebook, old, new, slip):
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "14.2", (old, new))
+    assert "online_softmax with tiles of 16 differs from the reference" in str(failed.value)
+    _only(str(failed.value), slip, {s.name: s.message for s in attention_checks.SOFTMAX_SLIPS})
+
+
+TILED_SLIPS = [
+    ("kv = h // groups", "kv = h % k.shape[1]", "kv_interleaved"),  # grouped heads interleaved, not consecutive
+    ("end = stop_m if causal else seq", "end = start_m + 1 if causal else seq", "loop_ends_early"),
+    ("cols[None, None, :] > rows[None, :, None]", "cols[None, None, :] >= rows[None, :, None]", "diagonal_masked"),
+    ("acc = acc * alpha[..., None] + p @ v_tile", "acc = acc + p @ v_tile", "no_acc_rescale"),
+    ("l = l * alpha + p.sum(dim=-1)", "l = l + p.sum(dim=-1)", "no_l_rescale"),
+    ("s = q_tile @ k_tile.transpose(-1, -2) * scale", "s = q_tile @ k_tile.transpose(-1, -2)", "no_scale"),
+]
+
+
+@pytest.mark.parametrize("old, new, slip", TILED_SLIPS, ids=[s[2] for s in TILED_SLIPS])
+def test_each_tiled_attention_slip_fails_with_its_own_message(notebook, old, new, slip):
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "14.3", (old, new))
+    _only(str(failed.value), slip, attention_checks.TILED_SLIPS)
+
+
+def test_the_models_of_the_pytorch_exercises_are_right_without_a_slip():
+    x = 30 * torch.randn(3, 37)
+    assert torch.allclose(attention_checks.online_softmax_model(x, 7), torch.softmax(x, -1), atol=1e-6, rtol=1e-4)
+    q, k, v = torch.randn(2, 4, 37, 16), torch.randn(2, 2, 37, 16), torch.randn(2, 2, 37, 16)
+    for causal in (True, False):
+        assert torch.allclose(attention_checks.tiled_attention_model(q, k, v, causal),
+                              flash_attention_reference(q, k, v, causal), atol=1e-5, rtol=1e-4)
+
+
+# ---- exercise 14.5: the prediction cell and the check after the measurement ----------------------------------
+
+# A GPU-like shape (batch 3, 8 heads sharing 2 key/value heads of 64, bf16) where every slip shows with a factor of
+# its own (the notebook's batch 2 and 8 / 4 heads give three slips one factor: the message then names each), "measured"
+# bytes as the recorder finds them: the S^2 probabilities plus the fp32 copies of q, k, v (math path), and what the
+# flash Function saves.
+SHAPE = dict(batch=3, heads=8, kv_heads=2, head_dim=64, element=2, S_pred=1024)
+MATH_MEASURED = (attention_checks.math_saved(3, 8, 2, 64, 2, 1024) + 4 * 3 * 1024 * 64 * (8 + 2 + 2))
+FLASH_MEASURED = attention_checks.flash_saved(3, 8, 2, 64, 2, 1024)
+
+
+def _memory_check(notebook, replace=None):
+    import pandas as pd
+
+    namespace = {"torch": torch, "math": math, "course": course, "attention_checks": attention_checks,
+                 "profile": type("P", (), {"attention_predict_seq": SHAPE["S_pred"]}), **SHAPE}
+    notebook.run("14.5", namespace, replace, check=False)
+    namespace["memory"] = pd.DataFrame({"math path saved": [MATH_MEASURED], "flash (ours) saved": [FLASH_MEASURED]},
+                                       index=[SHAPE["S_pred"]])
+    namespace["on_gpu"] = False
+    check = notebook.found["14.5"][0] + 2  # the measurement runs between the prediction and its check
+    run_source(notebook.nb.cells[check].source, namespace)
+    return namespace
+
+
+def test_the_memory_prediction_passes_its_check(notebook, capsys):
+    assert _memory_check(notebook)["saved_ok"]
+    shown = capsys.readouterr().out
+    assert "PASS: math path: measured / predicted saved bytes = " in shown and "CHECK" not in shown
+    assert "PASS: flash: measured / predicted saved bytes = 1 is plausible" in shown
+
+
+MATH_ANSWER = "predicted_math_saved = batch * heads * S_pred * S_pred * 4"
+FLASH_ANSWER = "(2 * heads + 2 * kv_heads)"
+MEMORY_SLIPS = [
+    (MATH_ANSWER, "predicted_math_saved = batch * kv_heads * S_pred * S_pred * 4", attention_checks.MATH_SLIPS, "kv_heads"),
+    (MATH_ANSWER, "predicted_math_saved = batch * heads * S_pred * S_pred * element", attention_checks.MATH_SLIPS,
+     "input_bytes"),
+    (MATH_ANSWER, "predicted_math_saved = batch * heads * S_pred * 4", attention_checks.MATH_SLIPS, "not_squared"),
+    (MATH_ANSWER, "predicted_math_saved = heads * S_pred * S_pred * 4", attention_checks.MATH_SLIPS, "no_batch"),
+    (MATH_ANSWER, "predicted_math_saved = batch * heads * S_pred * S_pred * 4 / 2**20", attention_checks.MATH_SLIPS,
+     "mib"),
+    (FLASH_ANSWER, "(4 * heads)", attention_checks.FLASH_SLIPS, "kv_as_heads"),
+    (FLASH_ANSWER, "(heads + 2 * kv_heads)", attention_checks.FLASH_SLIPS, "no_out"),
+    ("(element * batch * S_pred", "(4 * batch * S_pred", attention_checks.FLASH_SLIPS, "fp32_inputs"),
+]
+
+
+@pytest.mark.parametrize("old, new, slips, slip", MEMORY_SLIPS, ids=[f"{s[3]}-{i}" for i, s in enumerate(MEMORY_SLIPS)])
+def test_each_memory_prediction_slip_fails_with_its_own_message(notebook, old, new, slips, slip):
+    with pytest.raises(CheckpointFailed) as failed:
+        _memory_check(notebook, (old, new))
+    _only(str(failed.value), slip, {name: message for name, (_, message) in slips.items()})
+
+
+def test_where_two_slips_give_one_number_the_message_names_both():
+    # The notebook's gpu shape: batch 2 and kv_heads = heads / 2, so forgetting the batch and counting kv_heads agree.
+    with pytest.raises(CheckpointFailed) as failed:
+        attention_checks.check_saved_predictions(8 * 4096**2 * 4, 1.0e8, 2 * 8 * 4096**2 * 4, 1.0e8, 2, 8, 4, 128, 2,
+                                                 4096)
+    message = str(failed.value)
+    assert "more than one typical mistake" in message
+    assert attention_checks.MATH_SLIPS["no_batch"][1] in message and attention_checks.MATH_SLIPS["kv_heads"][1] in message
 
 
 # ---- exercise 14.4: the inner loop of the notebook's own Triton forward, in the interpreter -----------------
