@@ -247,7 +247,9 @@ def test_an_unmasked_load_in_the_frame_is_named_not_a_crash(notebook, tensor):
     with pytest.raises(CheckpointFailed, match=r"read.*past .*end.*is every tl.load masked") as failed:
         notebook.run("14.4", _kernel_namespace(), UNMASKED_LOADS[tensor])
     if ON_GPU:
-        assert f"`{tensor} = tl.load({tensor}_ptrs + cols[:, None] * stride_kn)`" in str(failed.value)
+        # The source line as written, its trailing comment included.
+        assert f"`{tensor} = tl.load({tensor}_ptrs + cols[:, None] * stride_kn)" in str(failed.value)
+        assert "has no mask" in str(failed.value)
 
 
 @pytest.mark.gpu
