@@ -10,7 +10,7 @@ import pytest
 
 from notebook_exercises import SolutionExercises
 from tinyllama import course
-from tinyllama.course import compile_checks
+from tinyllama.course import compile_checks, compile_mode_checks
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.results import checkout_root
 
@@ -33,7 +33,8 @@ def notebook():
 def _namespace():
     return {"math": math, "course": course, "pd": pd, "eager_calls": EAGER_CALLS, "compiled_calls": COMPILED_CALLS,
             "sdpa_operator": SDPA_CPU, "names": PROFILE_NAMES, **{n: getattr(compile_checks, n) for n in (
-                "check_backend_reader", "check_break_even", "check_operator_fates")}}
+                "check_backend_reader", "check_break_even", "check_operator_fates")},
+            "check_break_even_steps": compile_mode_checks.check_break_even_steps}
 
 
 def _run(notebook, exercise, replace=None):
@@ -83,14 +84,57 @@ def test_an_operator_not_in_the_eager_step_is_refused():
         compile_checks.check_operator_fates({"aten::bmm": "same"}, EAGER_CALLS, COMPILED_CALLS)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = eager_ms - compiled_ms"),  # seconds against milliseconds
-    ("if saved_s > 0 else math.inf", "if saved_s != 0 else math.inf"),  # a slower compiled step gives a negative count
-    ("compile_s / saved_s", "saved_s / compile_s"),  # upside down
-])
-def test_break_even_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "16.3", mistake)
+BREAK_EVEN_SLIPS = [  # (the solution's text, the slip, what the check must say)
+    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = eager_ms - compiled_ms",
+     "1000 times too few steps: the compile is in seconds"),
+    ("compile_s / saved_s", "saved_s / compile_s", "is upside down"),
+    ("if saved_s > 0 else math.inf", "if saved_s != 0 else math.inf",
+     "negative number of steps where the compiled step is slower"),
+    ("return compile_s / saved_s if saved_s > 0 else math.inf", "return compile_s / saved_s",
+     "divides by zero where the two steps take equal times"),
+    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = eager_ms / 1e3",
+     "counts the eager steps that fit into the compile time"),
+    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = compiled_ms / 1e3",
+     "counts the compiled steps that fit into the compile time"),
+    ("if saved_s > 0 else math.inf", "if saved_s > 0 else 0", "where it saves nothing it returns 0"),
+    ("if saved_s > 0 else math.inf", "if saved_s > 0 else None", "where it saves nothing it returns None"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", BREAK_EVEN_SLIPS, ids=[slip[1] for slip in BREAK_EVEN_SLIPS])
+def test_each_break_even_slip_fails_with_its_own_message(notebook, old, new, message):
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "16.3", (old, new))
+    text = str(failed.value)
+    assert message in text and "It is wrong on" in text
+    others = [m for _, _, m in BREAK_EVEN_SLIPS if m != message and m in text]
+    assert not others, f"the feedback names other mistakes too: {others}"
+
+
+def test_the_reference_break_even_passes_with_the_general_checks_message(notebook, capsys):
+    _run(notebook, "16.3")
+    assert "PASS: break_even is right on all 5 cases" in capsys.readouterr().out
+
+
+def test_a_wrong_break_even_of_no_known_kind_gets_the_general_feedback(notebook):
+    with pytest.raises(CheckpointFailed, match="break_even is wrong on .* cases") as failed:
+        _run(notebook, "16.3", ("return compile_s / saved_s", "return 2 * compile_s / saved_s"))
+    assert "It is wrong on" not in str(failed.value)
+
+
+def test_every_break_even_slip_differs_from_the_answer_and_from_the_others():
+    """The check's cases separate each listed slip from the right answer and from every other slip."""
+    cases = compile_checks.BREAK_EVEN_CASES
+    outcomes = {}
+    for slip in compile_mode_checks.BREAK_EVEN_SLIPS:
+        got = [compile_mode_checks._outcome(slip.steps, case) for case in cases]
+        reference = [compile_mode_checks.break_even_steps(*case) for case in cases]
+        assert not all(map(compile_mode_checks._same, got, reference)), slip.name
+        assert compile_mode_checks.name_break_even_slip(slip.steps) == slip.message
+        outcomes[slip.name] = got
+    for a in outcomes:
+        for b in outcomes:
+            assert a == b or not all(map(compile_mode_checks._same, outcomes[a], outcomes[b])), (a, b)
 
 
 def test_break_even_sentence():

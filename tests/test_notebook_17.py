@@ -92,21 +92,39 @@ def test_reading_the_table_wrongly_fails(notebook):
                                                         "share_of_tolerance": namespace["share_of_tolerance"]})
 
 
-@pytest.mark.parametrize("mistake", [
-    ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)", "return speedups.prod()"),  # multiplied
-    ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)", "return speedups.sum()"),
-    ("(1.0 - 1.0 / speedups).sum()", "(1.0 - 1.0 / speedups).max()"),  # only the largest remedy counted
-])
-def test_combined_speedup_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "17.1", mistake)
+ANSWER_17_1 = "saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)"
+COMBINE_SLIPS = [  # (the solution's text, the slip, what the check must say)
+    (ANSWER_17_1, "return speedups.prod()", "Your answer multiplies the speed-ups"),
+    (ANSWER_17_1, "return speedups.sum()", "Your answer adds the speed-ups"),
+    (ANSWER_17_1, "return 1.0 + (speedups - 1.0).sum()", "Your answer adds the gains (S - 1)"),
+    ("(1.0 - 1.0 / speedups).sum()", "(1.0 - 1.0 / speedups).max()", "counts only the remedy that saves most"),
+    ("return 1.0 / (1.0 - saved)", "return 1.0 - saved", "the new step time as a fraction of V1's"),
+    ("return 1.0 / (1.0 - saved)", "return saved", "the share of V1's step the remedies save together"),
+]
 
 
-def test_multiplying_the_speedups_is_named(notebook, capsys, monkeypatch):
-    monkeypatch.setenv("WORKSHOP_STRICT", "0")
-    _run(notebook, "17.1", ("saved = (1.0 - 1.0 / speedups).sum()\n    return 1.0 / (1.0 - saved)",
-                             "return speedups.prod()"))
-    assert "multiplies the speed-ups" in capsys.readouterr().out
+@pytest.mark.parametrize("old, new, message", COMBINE_SLIPS, ids=[slip[1] for slip in COMBINE_SLIPS])
+def test_each_combined_speedup_slip_fails_with_its_own_message(notebook, old, new, message):
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "17.1", (old, new))
+    text = str(failed.value)
+    assert "combined_speedup differs from the reference" in text and message in text
+    others = [m for _, _, m in COMBINE_SLIPS if m != message and m in text]
+    assert not others, f"the feedback names other mistakes too: {others}"
+
+
+def test_a_combined_speedup_of_no_known_kind_gets_the_general_hint(notebook):
+    with pytest.raises(CheckpointFailed, match="turn each into the time it saves"):
+        _run(notebook, "17.1", ("return 1.0 / (1.0 - saved)", "return 1.0 / (1.0 - saved / 2)"))
+
+
+def test_the_combine_examples_separate_every_slip():
+    examples = [torch.tensor(e, dtype=torch.float64) for e in versions.COMBINE_EXAMPLES]
+    values = {name: [float(slip(e)) for e in examples] for name, slip, _ in versions.COMBINE_SLIPS}
+    values["answer"] = [float(versions._combined_reference(e)) for e in examples]
+    for a in values:
+        for b in values:
+            assert a == b or not all(map(math.isclose, values[a], values[b])), (a, b)
 
 
 def test_combined_speedup_is_amdahl_for_disjoint_parts():
@@ -114,13 +132,39 @@ def test_combined_speedup_is_amdahl_for_disjoint_parts():
     assert versions._combined_reference(torch.tensor([1.25, 2.0], dtype=torch.float64)).item() == pytest.approx(1 / 0.3)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("/ table[f\"{name} tolerance\"]", ""),  # absolute errors: the bf16 row looks worst
-    ("return shares.max(axis=1)", "return shares.mean(axis=1)"),
-])
-def test_share_of_tolerance_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "17.2", mistake, namespace={"correctness": versions.example_correctness_table()})
+SHARE_SLIPS = [  # (the solution's text, the slip, what the check must say)
+    ('/ table[f"{name} tolerance"]', "", "these are the largest errors themselves"),
+    ("return shares.max(axis=1)", "return shares.mean(axis=1)", "that is the mean of the three shares"),
+    ("return shares.max(axis=1)", "return shares.sum(axis=1)", "that is the sum of the three shares"),
+    ('table[f"{name} error"] / table[f"{name} tolerance"]', 'table[f"{name} tolerance"] / table[f"{name} error"]',
+     "upside down: tolerance / error"),
+    ("return shares.max(axis=1)", "return 100 * shares.max(axis=1)", "a percentage: give the share as a fraction"),
+    ("return shares.max(axis=1)", "return shares.iloc[:, 2]", "only the gradient's share"),
+    ("return shares.max(axis=1)",
+     'return (table[[f"{n} error" for n in ("logits", "loss", "gradient")]].max(axis=1)\n'
+     '            / table[[f"{n} tolerance" for n in ("logits", "loss", "gradient")]].max(axis=1))',
+     "the largest error over the largest tolerance"),
+    ("return shares.max(axis=1)", "return shares.max()", "return a Series with one number per row"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", SHARE_SLIPS, ids=[slip[2][:30] for slip in SHARE_SLIPS])
+def test_each_share_of_tolerance_slip_fails_with_its_own_message(notebook, old, new, message):
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "17.2", (old, new), namespace={"correctness": versions.example_correctness_table()})
+    text = str(failed.value)
+    assert "share_of_tolerance is off" in text and message in text
+    others = [m for _, _, m in SHARE_SLIPS if m != message and m in text]
+    assert not others, f"the feedback names other mistakes too: {others}"
+
+
+def test_the_example_table_separates_every_share_slip():
+    table = versions.example_correctness_table()
+    values = {name: [float(x) for x in slip(table)] for name, slip, _ in versions.SHARE_SLIPS}
+    values["answer"] = [float(x) for x in versions._tolerance_reference(table)]
+    for a in values:
+        for b in values:
+            assert a == b or not all(map(math.isclose, values[a], values[b])), (a, b)
 
 
 def test_worst_run_is_the_one_nearest_its_tolerance_not_the_largest_error():
@@ -145,17 +189,49 @@ def test_flops_per_token_mistakes_fail(notebook, mistake):
         _run(notebook, "17.4", mistake)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("/ (ceiling_tflops * 1e12)", "/ ceiling_tflops"),
-    ("return tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)",
-     "return 100 * tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)"),
-])
-def test_mfu_mistakes_fail_against_the_record(notebook, mistake):
+ANSWER_17_5 = "return tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)"
+MFU_SLIPS = [  # (the solution's text, the slip, what the check must say)
+    ("/ (ceiling_tflops * 1e12)", "/ ceiling_tflops", "1e12 times the expected value"),
+    (ANSWER_17_5, "return 100 * tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)",
+     "a percentage where a fraction was asked for"),
+    ("1e12)", "1e9)", "a TFLOP/s is 1e12 FLOP/s, not 1e9"),
+    (ANSWER_17_5, "return 3 * tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)",
+     "flops_per_token already counts the whole training step"),
+    (ANSWER_17_5, "return 6 * tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)",
+     "the 6 of '6 x parameters' is in it"),
+    (ANSWER_17_5, "return ceiling_tflops * 1e12 / (tokens_per_s * flops_per_token)",
+     "upside down: the ceiling over the achieved rate"),
+]
+
+
+def _check_mfu(notebook, replace):
     config = get_preset("medium").model
-    namespace, _ = _exec(notebook, "17.5", mistake)
-    record = _record(config, 16, 512)
-    with pytest.raises(CheckpointFailed):
-        versions.check_mfu_from_tokens(namespace["mfu_from_tokens"], record, model_flops.training_flops(config, 1, 512) / 512)
+    namespace, _ = _exec(notebook, "17.5", replace)
+    return versions.check_mfu_from_tokens(namespace["mfu_from_tokens"], _record(config, 16, 512),
+                                          model_flops.training_flops(config, 1, 512) / 512)
+
+
+@pytest.mark.parametrize("old, new, message", MFU_SLIPS, ids=[slip[2][:30] for slip in MFU_SLIPS])
+def test_each_mfu_slip_fails_with_its_own_message_against_the_record(notebook, old, new, message):
+    with pytest.raises(CheckpointFailed) as failed:
+        _check_mfu(notebook, (old, new))
+    text = str(failed.value)
+    assert "mfu_from_tokens is off for 11 of 11 runs" in text and message in text
+    others = [m for _, _, m in MFU_SLIPS if m != message and m in text]
+    assert not others, f"the feedback names other mistakes too: {others}"
+
+
+def test_the_made_up_runs_separate_every_mfu_slip():
+    values = {name: [slip(t, f, c) for t, f, c, _ in versions.MFU_CASES] for name, slip, _ in versions.MFU_SLIPS}
+    values["answer"] = [versions._mfu_reference(t, f, c) for t, f, c, _ in versions.MFU_CASES]
+    for a in values:
+        for b in values:
+            assert a == b or not all(map(math.isclose, values[a], values[b])), (a, b)
+
+
+def test_an_mfu_of_no_known_kind_gets_the_general_hint(notebook):
+    with pytest.raises(CheckpointFailed, match="the achieved FLOP/s .* over the ceiling's FLOP/s"):
+        _check_mfu(notebook, ("(ceiling_tflops * 1e12)", "(ceiling_tflops * 1e12 + 1e12)"))
 
 
 def test_mfu_from_the_reference_answer_matches_compare(notebook):

@@ -18,7 +18,7 @@ from notebook_exercises import SolutionExercises  # noqa: E402
 from tinyllama import course, intensity  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
-from tinyllama.course.bottlenecks import slip_hint  # noqa: E402
+from tinyllama.course import roofline_checks  # noqa: E402
 from tinyllama.course.checkpoints import CheckpointFailed  # noqa: E402
 from tinyllama.course.results import checkout_root  # noqa: E402
 from tinyllama.profiling import roofline  # noqa: E402
@@ -41,7 +41,11 @@ def notebook():
 def _namespace(**extra):
     """What the exercise cells find in the notebook: the medium preset in bf16 on the test roofs."""
     namespace = {"torch": torch, "math": math, "pd": pd, "course": course, "intensity": intensity,
-                 "roofline": roofline, "slip_hint": slip_hint, "display": lambda *a, **k: None,
+                 "roofline": roofline, "display": lambda *a, **k: None,
+                 "check_roof_position": roofline_checks.check_roof_position,
+                 "check_gemm_and_add": roofline_checks.check_gemm_and_add,
+                 "check_norm_and_attention": roofline_checks.check_norm_and_attention,
+                 "check_idle_shares": roofline_checks.check_idle_shares,
                  "config": MEDIUM.model, "batch_size": MEDIUM.batch_size, "seq_len": MEDIUM.seq_len, "itemsize": 2,
                  "precision": "bf16", "roofs": ROOFS, "on_gpu": True}
     namespace.update(extra)
@@ -78,31 +82,50 @@ def test_the_reference_answers_pass(notebook):
     assert list(table["predicted_bound"]) == ["compute", "memory", "memory", "memory"]
 
 
-@pytest.mark.parametrize("mistake", [
-    ("gemm_flops = 2 * tokens * h * inter", "gemm_flops = tokens * h * inter"),  # a multiply-add as one FLOP
+@pytest.mark.parametrize("old, new, message", [
+    ("gemm_flops = 2 * tokens * h * inter", "gemm_flops = tokens * h * inter", "a multiply-add is two FLOPs"),
     ("gemm_bytes = itemsize * (tokens * h + h * inter + tokens * inter)",
-     "gemm_bytes = itemsize * (tokens * h + h * inter)"),  # the output never written
-    ("add_bytes = 3 * itemsize * tokens * h", "add_bytes = 2 * itemsize * tokens * h"),  # the output forgotten
-    ("add_bytes = 3 * itemsize * tokens * h", "add_bytes = 3 * tokens * h"),  # elements, not bytes
+     "gemm_bytes = itemsize * (tokens * h + h * inter)", "The output (tokens x intermediate) is written too"),
+    ("add_bytes = 3 * itemsize * tokens * h", "add_bytes = 2 * itemsize * tokens * h",
+     "Only the two inputs counted: the output is written too"),
+    ("add_bytes = 3 * itemsize * tokens * h", "add_bytes = 3 * tokens * h", "residual add intensity = 0.3333"),
+    ("gemm_bytes = itemsize * (", "gemm_bytes = (", "Elements counted, not bytes"),
 ])
-def test_gemm_and_add_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "18.1", mistake)
+def test_gemm_and_add_mistakes_fail(notebook, old, new, message):
+    with pytest.raises(CheckpointFailed, match="intensity") as failed:
+        _run(notebook, "18.1", (old, new))
+    assert message in str(failed.value)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("norm_bytes = itemsize * (2 * tokens * h + h)", "norm_bytes = itemsize * tokens * h"),  # y never written
-    ("attn_flops = 2 * (2 * batch_size", "attn_flops = (2 * batch_size"),  # one product only
-    ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * seq_len"),  # the full square: the masked half counted
-    ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * (seq_len + 1) // 4"),  # a quarter of the square
-    ("(2 * heads + 2 * kv_heads)", "(4 * heads)"),  # k and v with every query head (no grouped-query saving)
+@pytest.mark.parametrize("old, new, message", [
+    ("norm_bytes = itemsize * (2 * tokens * h + h)", "norm_bytes = itemsize * tokens * h",
+     "y is written too (count its bytes), or elements were counted"),  # y never written, 2-byte elements
+    ("attn_flops = 2 * (2 * batch_size", "attn_flops = (2 * batch_size", "Half the reference: two products"),
+    ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * seq_len", "The full seq x seq square"),
+    ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * (seq_len + 1) // 4", "Half the reference"),
+    ("(2 * heads + 2 * kv_heads)", "(4 * heads)", "k and v have num_kv_heads heads, not num_heads"),
+    ("attn_flops = 2 * (2 * batch_size * heads * pairs * head_dim)", "attn_flops = 2 * batch_size * heads * pairs * head_dim / 2",
+     "A quarter: two products of two FLOPs"),
     ("attn_bytes = itemsize * batch_size * seq_len * head_dim",
-     "attn_bytes = itemsize * batch_size * seq_len * seq_len"),  # the scores counted: not a fused kernel
+     "attn_bytes = itemsize * batch_size * seq_len * seq_len", "attention intensity = "),  # the scores counted
 ])
-def test_norm_and_attention_mistakes_fail(notebook, mistake):
+def test_norm_and_attention_mistakes_fail(notebook, old, new, message):
     namespace = _through(notebook, "18.2")
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "18.2", mistake, namespace=namespace)
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "18.2", (old, new), namespace=namespace)
+    assert message in str(failed.value)
+
+
+def test_a_norm_without_its_output_is_named_apart_from_elements_for_bytes_at_four_bytes(notebook):
+    namespace = _through(notebook, "18.2")
+    namespace["itemsize"] = 4
+    _run(notebook, "18.1", namespace=namespace)
+    with pytest.raises(CheckpointFailed, match="y is written too: count its bytes"):
+        _run(notebook, "18.2", ("norm_bytes = itemsize * (2 * tokens * h + h)", "norm_bytes = itemsize * (tokens * h + h)"),
+             namespace=namespace)
+    with pytest.raises(CheckpointFailed, match="Elements counted, not bytes"):
+        _run(notebook, "18.2", ("norm_bytes = itemsize * (2 * tokens * h + h)", "norm_bytes = 2 * tokens * h + h"),
+             namespace=namespace)
 
 
 def test_the_full_square_gets_its_own_hint(notebook, capsys):
@@ -118,35 +141,100 @@ def test_the_triangle_without_its_diagonal_is_accepted(notebook):
     _run(notebook, "18.2", ("pairs = seq_len * (seq_len + 1) // 2", "pairs = seq_len * seq_len // 2"), namespace=namespace)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("return min(memory_roof, compute_tflops), bound", "return max(memory_roof, compute_tflops), bound"),
+ROOF_SLIPS = [  # (the solution's text, the slip, what the check must say)
+    ("return min(memory_roof, compute_tflops), bound", "return max(memory_roof, compute_tflops), bound",
+     "the higher of the two roofs"),
+    ("return min(memory_roof, compute_tflops), bound", "return memory_roof, bound",
+     "the memory roof everywhere"),
+    ("return min(memory_roof, compute_tflops), bound", "return compute_tflops, bound",
+     "the compute roof everywhere"),
+    ("memory_roof = intensity * bandwidth_tbs", "memory_roof = intensity / bandwidth_tbs",
+     "divides the intensity by the bandwidth"),
     ('"compute" if intensity >= compute_tflops / bandwidth_tbs else "memory"',
-     '"memory" if intensity >= compute_tflops / bandwidth_tbs else "compute"'),  # the sides swapped
-    # the ridge upside down (at the ridge itself both roofs are equal: > and >= are both right there)
-    ("intensity >= compute_tflops / bandwidth_tbs", "intensity >= bandwidth_tbs / compute_tflops"),
-    ("memory_roof = intensity * bandwidth_tbs", "memory_roof = intensity / bandwidth_tbs"),
-])
-def test_roof_position_mistakes_fail(notebook, mistake):
+     '"memory" if intensity >= compute_tflops / bandwidth_tbs else "compute"', "memory and compute are swapped"),
+    # at the ridge itself both roofs are equal: > and >= are both right there
+    ("intensity >= compute_tflops / bandwidth_tbs", "intensity >= bandwidth_tbs / compute_tflops",
+     "the ridge is upside down"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", ROOF_SLIPS, ids=[slip[2] for slip in ROOF_SLIPS])
+def test_each_roof_position_slip_fails_with_its_own_message(notebook, old, new, message):
     namespace = _through(notebook, "18.3")
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "18.3", mistake, namespace=namespace)
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "18.3", (old, new), namespace=namespace)
+    text = str(failed.value)
+    assert "roof_position differs from the library" in text and message in text
+    others = [m for _, _, m in ROOF_SLIPS if m != message and m in text]
+    assert not others, f"the feedback names other mistakes too: {others}"
 
 
-def _idle_namespace():
+def test_a_roof_position_of_no_known_kind_gets_the_general_hint(notebook):
+    namespace = _through(notebook, "18.3")
+    with pytest.raises(CheckpointFailed, match="Is the attainable rate the lower of the two roofs"):
+        _run(notebook, "18.3", ("return min(memory_roof, compute_tflops), bound",
+                                "return min(memory_roof, compute_tflops) / 2, bound"), namespace=namespace)
+
+
+@pytest.mark.parametrize("roofs", [ROOFS, roofline.Roofs("ridge 1", {"fp32": 2.0}, 2.0)])
+def test_the_roof_cases_separate_every_slip(roofs):
+    """With the made-up roofs, each slip differs from the answer and from every other slip, even on a device
+    whose fp32 ridge is 1 FLOP/byte (where the ridge upside down is the ridge)."""
+    cases = []
+    for case_roofs in (roofs, *roofline_checks.MADE_UP_ROOFS):
+        ridge = case_roofs.ridge("fp32")
+        cases += [(ridge * f, case_roofs.compute("fp32"), case_roofs.bandwidth_tbs) for f in roofline_checks.RIDGE_FACTORS]
+    outcomes = {name: [rule(*case) for case in cases] for name, rule, _ in roofline_checks.ROOF_SLIPS}
+    outcomes["answer"] = [(min(i * b, c), "compute" if i >= c / b else "memory") for i, c, b in cases]
+    for a in outcomes:
+        for b in outcomes:
+            assert a == b or not all(map(roofline_checks._same_position, outcomes[a], outcomes[b])), (a, b)
+
+
+def test_the_roof_check_speaks_of_this_devices_ridge(notebook, capsys):
+    _through(notebook, None)
+    assert "PASS: roof_position agrees with the library's rule at 6 intensities around the fp32 ridge (20 FLOP/byte)" \
+        in capsys.readouterr().out
+
+
+def _idle_namespace(v4_busy=38.0):
     step = {"V1": summarize([100.0, 101.0, 99.0]), "V4": summarize([40.0, 41.0, 39.0])}
-    return _namespace(points={"V1": None, "V4": None}, step_ms=step, device_ms={"V1": 60.0, "V4": 38.0},
+    return _namespace(points={"V1": None, "V4": None}, step_ms=step, device_ms={"V1": 60.0, "V4": v4_busy},
                       predicted_device_speedup=2.0, predicted_v1_idle_pct=20.0)
 
 
-def test_the_idle_share_passes_and_its_mistakes_fail(notebook):
+def test_the_idle_share_passes(notebook, capsys):
     namespace = _run(notebook, "18.4", namespace=_idle_namespace())
-    assert namespace["idle_pct"]["V1"] == pytest.approx(40.0)
-    for mistake in [("idle_pct[label] = 100 * idle_ms[label] / step_ms[label].median",
-                     "idle_pct[label] = 100 * device_ms[label] / step_ms[label].median"),  # the busy share
-                    ("idle_pct[label] = 100 * idle_ms[label] / step_ms[label].median",
-                     "idle_pct[label] = idle_ms[label] / step_ms[label].median")]:  # a fraction, not a percent
-        with pytest.raises(CheckpointFailed):
-            _run(notebook, "18.4", mistake, namespace=_idle_namespace())
+    assert namespace["idle_pct"]["V1"] == pytest.approx(40.0) and namespace["idle_ok"]
+    shown = capsys.readouterr().out
+    assert "PASS: V1: idle share of the step = 40 % is plausible (between 39.5 and 40.5 %). (step 100 ms - busy 60 ms) " \
+           "/ step." in shown and "CHECK" not in shown
+    # A busy time a little above the median step (rounding): the idle time is 0, not negative.
+    namespace = _run(notebook, "18.4", namespace=_idle_namespace(v4_busy=40.2))
+    assert namespace["idle_ms"]["V4"] == 0.0
+
+
+IDLE_PCT = "idle_pct[label] = 100 * idle_ms[label] / step_ms[label].median"
+IDLE_MS = "idle_ms[label] = max(step_ms[label].median - device_ms[label], 0.0)"
+IDLE_SLIPS = [  # (the solution's text, the slip, the busy time of V4, what the check must say)
+    (IDLE_PCT, "idle_pct[label] = 100 * device_ms[label] / step_ms[label].median", 38.0, "That is the busy share"),
+    (IDLE_PCT, "idle_pct[label] = idle_ms[label] / step_ms[label].median", 38.0, "A fraction, not a percent"),
+    (IDLE_PCT, "idle_pct[label] = 100 * idle_ms[label] / device_ms[label]", 38.0, "Divided by the busy time"),
+    (IDLE_PCT, "idle_pct[label] = idle_ms[label]", 38.0, "the idle time in milliseconds, not its percent"),
+    (IDLE_MS, "idle_ms[label] = device_ms[label]", 38.0, "that is the device's busy time"),
+    (IDLE_MS, "idle_ms[label] = (step_ms[label].median - device_ms[label]) / 1e3", 38.0, "in seconds"),
+    (IDLE_MS, "idle_ms[label] = step_ms[label].median - device_ms[label]", 40.2, "the idle time is never negative"),
+]
+
+
+@pytest.mark.parametrize("old, new, busy, message", IDLE_SLIPS, ids=[slip[3] for slip in IDLE_SLIPS])
+def test_each_idle_share_slip_fails_with_its_own_message(notebook, old, new, busy, message):
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "18.4", (old, new), namespace=_idle_namespace(v4_busy=busy))
+    text = str(failed.value)
+    assert message in text
+    others = [m for _, _, _, m in IDLE_SLIPS if m != message and m in text]
+    assert not others, f"the feedback names other mistakes too: {others}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -149,23 +149,67 @@ def _combined_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor]:
     return (1.0 / (1.0 - saved),)
 
 
+# The typical mistakes of exercise 17.1, each a way to combine speed-ups, and what to say about it.
+COMBINE_SLIPS: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor], str], ...] = (
+    ("product", lambda s: s.prod(),
+     "Your answer multiplies the speed-ups: that holds only when each remedy was measured on the step the previous "
+     "one left. Here each saves a share of V1's step: 1.25x saves 20%, 2x saves 50%, together 70%, so the step runs "
+     "1/0.3 = 3.33x faster, not 2.5x."),
+    ("sum", lambda s: s.sum(),
+     "Your answer adds the speed-ups: speed-ups do not add, the time each remedy saves does (1.25x saves 20% of V1's "
+     "step, 2x saves 50%)."),
+    ("gains added", lambda s: 1.0 + (s - 1.0).sum(),
+     "Your answer adds the gains (S - 1): a speed-up S saves 1 - 1/S of V1's step, not S - 1 (2x saves half the "
+     "step, not all of it). Add those savings and invert the time that is left."),
+    ("largest only", lambda s: 1.0 / (1.0 - (1.0 - 1.0 / s).max()),
+     "Your answer counts only the remedy that saves most: each remedy saves its own part of the step, so add the "
+     "savings of all of them."),
+    ("time left", lambda s: 1.0 - (1.0 - 1.0 / s).sum(),
+     "Your answer is the new step time as a fraction of V1's (what is left after the savings); the speed-up is its "
+     "inverse, V1's step over the new one."),
+    ("savings", lambda s: (1.0 - 1.0 / s).sum(),
+     "Your answer is the share of V1's step the remedies save together; the speed-up is 1 / (1 - that share)."),
+)
+
+# Remedies on which every slip above differs from the answer and from the others.
+COMBINE_EXAMPLES: tuple[tuple[float, ...], ...] = ((1.25, 2.0), (1.1, 1.3, 1.2), (1.05,))
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # a tensor of several elements, None, a string
+        return None
+
+
+def name_combine_slip(combined_speedup: Callable[[torch.Tensor], Any]) -> str | None:
+    """The message of the slip of :data:`COMBINE_SLIPS` that ``combined_speedup`` reproduces on every
+    remedy set of :data:`COMBINE_EXAMPLES` (where it is wrong), else ``None``."""
+    answers = []
+    for example in COMBINE_EXAMPLES:
+        try:
+            answers.append(_as_float(combined_speedup(torch.tensor(example, dtype=torch.float64))))
+        except NotImplementedError:
+            raise
+        except Exception:  # noqa: BLE001 - the participant's code: check_function reports the error itself
+            return None
+    for _, slip, message in COMBINE_SLIPS:
+        expected = [float(slip(torch.tensor(example, dtype=torch.float64))) for example in COMBINE_EXAMPLES]
+        if all(a is not None and math.isclose(a, e, rel_tol=1e-6) for a, e in zip(answers, expected)):
+            return message
+    return None
+
+
 def check_combined_speedup(combined_speedup: Callable[[torch.Tensor], Any]) -> bool:
     """``combined_speedup(speedups)``: the step speed-up of remedies that touch disjoint parts of the
-    step, each measured (or predicted) alone against the same baseline; on random remedies, and the
-    usual slip (multiplying the speed-ups) named."""
-    ok = check_function("combined_speedup", combined_speedup, _combined_reference, _combined_inputs,
-                        shapes=[(1,), (2,), (3,), (4,)], atol=0.0, rtol=1e-9,
-                        hint="Each speed-up was predicted against the same V1 step: turn each into the time it "
-                             "saves (a fraction of V1's step), add the savings, and turn the new step time back "
-                             "into a speed-up.")
-    if not ok:
-        example = torch.tensor([1.25, 2.0], dtype=torch.float64)
-        got = float(combined_speedup(example))
-        if math.isclose(got, float(example.prod()), rel_tol=1e-6):
-            print("  Your answer multiplies the speed-ups: that holds only when each remedy was measured on the step "
-                  "the previous one left. Here each saves a share of V1's step: 1.25x saves 20%, 2x saves 50%, "
-                  "together 70%, so the step runs 1/0.3 = 3.33x faster, not 2.5x.")
-    return ok
+    step, each measured (or predicted) alone against the same baseline; on random remedies, with the
+    typical mistake it reproduces (:data:`COMBINE_SLIPS`, tried on :data:`COMBINE_EXAMPLES`) named."""
+    slip = name_combine_slip(combined_speedup)
+    return check_function("combined_speedup", combined_speedup, _combined_reference, _combined_inputs,
+                          shapes=[(1,), (2,), (3,), (4,)], atol=0.0, rtol=1e-9,
+                          hint=slip or "Each speed-up was predicted against the same V1 step: turn each into the time "
+                                       "it saves (a fraction of V1's step), add the savings, and turn the new step "
+                                       "time back into a speed-up.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,33 +245,80 @@ def check_flops_per_token(flops_per_token: Callable[[ModelConfig, int], float]) 
                       f"flops_per_token is off in {len(problems)} case(s):\n  - " + "\n  - ".join(problems[:4]))
 
 
-_MFU_SLIPS = [
-    (100.0, "100x the expected value: a percentage where a fraction was asked for"),
-    (1e12, "1e12 times the expected value: the ceiling is in TFLOP/s; multiply it by 1e12 for FLOP/s"),
-    (1e-12, "1e-12 times the expected value: FLOP/s divided by TFLOP/s without the 1e12"),
-    (1 / 3, "a third of the expected value: FLOPs of the forward pass only?"),
-]
+def _mfu_reference(tokens_per_s: float, flops_per_token: float, ceiling_tflops: float) -> float:
+    return tokens_per_s * flops_per_token / (ceiling_tflops * 1e12)
+
+
+# The typical mistakes of exercise 17.5, each an MFU from (tokens/s, FLOPs per token, ceiling), and what to say.
+MFU_SLIPS: tuple[tuple[str, Callable[[float, float, float], float], str], ...] = (
+    ("percent", lambda t, f, c: 100 * _mfu_reference(t, f, c),
+     "100x the expected value: a percentage where a fraction was asked for"),
+    ("tera", lambda t, f, c: t * f / c,
+     "1e12 times the expected value: the ceiling is in TFLOP/s; multiply it by 1e12 for FLOP/s"),
+    ("giga", lambda t, f, c: t * f / (c * 1e9),
+     "1000x the expected value: a TFLOP/s is 1e12 FLOP/s, not 1e9"),
+    ("backward again", lambda t, f, c: 3 * _mfu_reference(t, f, c),
+     "3x the expected value: flops_per_token already counts the whole training step (forward and backward, "
+     "exercise 17.4); do not multiply by 3 again"),
+    ("six again", lambda t, f, c: 6 * _mfu_reference(t, f, c),
+     "6x the expected value: flops_per_token is already the FLOPs of a training step per token; the 6 of "
+     "'6 x parameters' is in it"),
+    ("upside down", lambda t, f, c: c * 1e12 / (t * f),
+     "upside down: the ceiling over the achieved rate; the MFU is the achieved FLOP/s over the ceiling's"),
+)
+
+# Made-up runs (tokens/s, FLOPs per token, ceiling TFLOP/s, a label) that separate every slip from the answer: an
+# MFU of about 0.3 and one of 0.01, where a percentage, a factor 3 or 6 and the inverse all differ.
+MFU_CASES: tuple[tuple[float, float, float, str], ...] = (
+    (150_000.0, 1.5e9, 750.0, "a made-up run: 150,000 tokens/s, 1.5 GFLOP per token, 750 TFLOP/s ceiling"),
+    (2_000.0, 2.4e8, 48.0, "a made-up run: 2,000 tokens/s, 0.24 GFLOP per token, 48 TFLOP/s ceiling"),
+)
+
+
+def name_mfu_slip(results: list[tuple[float, float, float, float]]) -> str | None:
+    """The message of the slip of :data:`MFU_SLIPS` that the answers reproduce on every case of
+    ``results`` ((tokens/s, FLOPs per token, ceiling, the answer) each), else ``None``."""
+    for _, slip, message in MFU_SLIPS:
+        if all(math.isclose(got, slip(t, f, c), rel_tol=1e-6) for t, f, c, got in results):
+            return message
+    return None
 
 
 def check_mfu_from_tokens(mfu_from_tokens: Callable[[float, float, float], float], record: Mapping[str, Any],
                           flops_per_token: float) -> bool:
     """``mfu_from_tokens(tokens_per_s, flops_per_token, ceiling_tflops)`` for every timed run of the
-    comparison, against the MFU ``compare`` computed from the step time (the two must agree)."""
-    problems, checked = [], 0
+    comparison, against the MFU ``compare`` computed from the step time (the two must agree), and on the
+    made-up runs of :data:`MFU_CASES`; a wrong answer that reproduces a typical mistake (:data:`MFU_SLIPS`)
+    is named."""
+    cases = [(t, f, c, label) for t, f, c, label in MFU_CASES]
+    expected = [_mfu_reference(t, f, c) for t, f, c, _ in MFU_CASES]
+    checked = 0
     for run in record["runs"]:
         if run.get("check") != "passed" or run.get("mfu_measured") is None:
             continue
         checked += 1
-        got = float(mfu_from_tokens(run["tokens_per_s"], flops_per_token, run["ceiling_tflops"]))
-        expected = run["mfu_measured"]
-        if not math.isclose(got, expected, rel_tol=1e-6):
-            hint = slip_hint(got, expected, _MFU_SLIPS) or "achieved FLOP/s over the ceiling's FLOP/s, as a fraction"
-            problems.append(f"{run['label']}: {got:.4g}, expected {expected:.4g} ({hint})")
+        cases.append((run["tokens_per_s"], flops_per_token, run["ceiling_tflops"], run["label"]))
+        expected.append(run["mfu_measured"])
     if not checked:
         return checkpoint(False, "", "no run of the comparison has a measured MFU: was a ceiling passed to compare?")
+    problems, results = [], []
+    for (tokens, per_token, ceiling, label), want in zip(cases, expected):
+        try:
+            got = float(mfu_from_tokens(tokens, per_token, ceiling))
+        except NotImplementedError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the participant's code: say where it failed
+            problems.append(f"{label}: raised {type(error).__name__}: {error}")
+            continue
+        results.append((tokens, per_token, ceiling, got))
+        if not math.isclose(got, want, rel_tol=1e-6):
+            problems.append(f"{label}: {got:.4g}, expected {want:.4g}")
+    why = name_mfu_slip(results) if problems and len(results) == len(cases) else None
     return checkpoint(not problems, f"mfu_from_tokens agrees with compare's MFU for all {checked} timed runs "
                                     "(tokens/s x FLOPs per token = the step's FLOPs / step time)",
-                      f"mfu_from_tokens is off for {len(problems)} run(s):\n  - " + "\n  - ".join(problems))
+                      f"mfu_from_tokens is off for {len(problems)} of {len(cases)} runs (made-up ones included): "
+                      + (why or "the MFU is the achieved FLOP/s (tokens/s x FLOPs per token) over the ceiling's "
+                                "FLOP/s, as a fraction") + "\n  - " + "\n  - ".join(problems))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -275,9 +366,12 @@ def _tolerance_reference(table: pd.DataFrame) -> pd.Series:
 
 def example_correctness_table() -> pd.DataFrame:
     """A table where the largest error is not the one closest to its tolerance: an fp32 run near its
-    (tight) tolerance beside bf16 runs with larger errors far inside their (loose) ones."""
+    (tight) tolerance beside bf16 runs with larger errors far inside their (loose) ones; in one bf16 row
+    the loss is the check nearest its tolerance and the logits have the largest error (so that neither
+    the gradient's share alone nor the largest error over the largest tolerance passes for the answer)."""
     rows = [("v2:fp32", "fp32", 9e-5, 2e-6, 3e-4), ("v3:bf16", "fp32", 1e-6, 1e-7, 2e-6),
-            ("v3:bf16", "bf16", 8e-3, 1e-3, 2e-2), ("v4:bf16", "bf16", 2e-2, 4e-3, 9e-2)]
+            ("v3:bf16", "bf16", 8e-3, 1e-3, 2e-2), ("v4:bf16", "bf16", 2e-2, 4e-3, 9e-2),
+            ("v1:bf16", "bf16", 3e-2, 1.5e-2, 2e-2)]
     frame = pd.DataFrame([{"run": r, "checked at": p, "logits error": a, "loss error": b, "gradient error": c,
                            "logits tolerance": TOLERANCES[p].logits, "loss tolerance": TOLERANCES[p].loss,
                            "gradient tolerance": TOLERANCES[p].gradients, "check": "passed"}
@@ -285,22 +379,71 @@ def example_correctness_table() -> pd.DataFrame:
     return frame.set_index(["run", "checked at"])
 
 
+def _errors(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([table[f"{e} error"] for e in ERRORS], axis=1)
+
+
+def _tolerances(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([table[f"{e} tolerance"] for e in ERRORS], axis=1)
+
+
+def _shares(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([table[f"{e} error"] / table[f"{e} tolerance"] for e in ERRORS], axis=1)
+
+
+# The typical mistakes of exercise 17.2, each a Series per row computed from the table, and what to say.
+SHARE_SLIPS: tuple[tuple[str, Callable[[pd.DataFrame], pd.Series], str], ...] = (
+    ("largest error", lambda t: _errors(t).max(axis=1),
+     "these are the largest errors themselves: divide each by its own tolerance first"),
+    ("largest over largest", lambda t: _errors(t).max(axis=1) / _tolerances(t).max(axis=1),
+     "that is the largest error over the largest tolerance: divide each error by its own tolerance (the loss's by "
+     "the loss tolerance), then take the largest of the three shares"),
+    ("mean", lambda t: _shares(t).mean(axis=1),
+     "that is the mean of the three shares: a row is as close to failing as its worst check, so take the largest"),
+    ("sum", lambda t: _shares(t).sum(axis=1),
+     "that is the sum of the three shares: a row is as close to failing as its worst check, so take the largest"),
+    ("upside down", lambda t: (_tolerances(t).to_numpy() / _errors(t).to_numpy()).max(axis=1),
+     "upside down: tolerance / error; the share is error / tolerance (1.0 = exactly at the tolerance)"),
+    ("gradient only", lambda t: t["gradient error"] / t["gradient tolerance"],
+     "only the gradient's share: take the largest of the logits', the loss's and the gradient's shares"),
+    ("percent", lambda t: 100 * _shares(t).max(axis=1),
+     "a percentage: give the share as a fraction (1.0 = exactly at the tolerance)"),
+)
+
+
+def name_share_slip(got: pd.Series, table: pd.DataFrame) -> str | None:
+    """The message of the slip of :data:`SHARE_SLIPS` whose values ``got`` (one per row of ``table``)
+    equals, else ``None``."""
+    for _, slip, message in SHARE_SLIPS:
+        expected = [float(x) for x in slip(table)]
+        if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(got, expected)):
+            return message
+    return None
+
+
 def check_tolerance_shares(share_of_tolerance: Callable[[pd.DataFrame], pd.Series], table: pd.DataFrame) -> bool:
     """``share_of_tolerance(table)``: for each row, the largest of error / tolerance over logits, loss
-    and gradients; on the measured table and on :func:`example_correctness_table`."""
+    and gradients; on the measured table and on :func:`example_correctness_table`, whose rows separate
+    the right answer from each typical mistake (:data:`SHARE_SLIPS`), which the feedback names."""
     problems = []
     for name, frame in (("your comparison's table", table), ("the example table", example_correctness_table())):
         expected = _tolerance_reference(frame)
-        got = share_of_tolerance(frame)
+        try:
+            got = share_of_tolerance(frame)
+        except NotImplementedError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the participant's code: say where it failed
+            problems.append(f"{name}: raised {type(error).__name__}: {error}")
+            continue
         if not isinstance(got, pd.Series) or len(got) != len(expected):
-            problems.append(f"{name}: returned {type(got).__name__} of length {len(got)}; return one number per row")
+            size = f" of length {len(got)}" if hasattr(got, "__len__") else ""
+            problems.append(f"{name}: returned {type(got).__name__}{size} for {len(expected)} rows; return a Series "
+                            "with one number per row (the largest over the three columns of shares: axis=1)")
             continue
         got = pd.Series(list(got), index=expected.index, dtype=float)
         if not all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(got, expected)):
-            largest_error = pd.concat([frame[f"{e} error"] for e in ERRORS], axis=1).max(axis=1)
-            why = ("these are the largest errors themselves: divide each by its own tolerance first"
-                   if all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(got, largest_error)) else
-                   "take each error over its own tolerance (logits, loss, gradient), then the largest of the three")
+            why = name_share_slip(got, frame) or ("take each error over its own tolerance (logits, loss, gradient), "
+                                                  "then the largest of the three")
             worst = (got - expected).abs().idxmax()
             problems.append(f"{name}, row {worst}: {got[worst]:.4g}, expected {expected[worst]:.4g} ({why})")
     return checkpoint(not problems, "share_of_tolerance gives each row's largest error as a share of its tolerance",
