@@ -2,6 +2,7 @@
 run on the reference answer (it passes) and on an answer with one typical mistake (it fails, under
 WORKSHOP_STRICT=1). The measurements are replaced by fixed figures of the size an H200 and a CPU give."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -37,15 +38,24 @@ def test_the_unit_roundoff_passes(notebook):
     assert _roundoff(notebook)["roundoff_ok"]
 
 
-@pytest.mark.parametrize("mistake", [
-    "2.0 ** -mantissa_bits",  # machine epsilon: the spacing, not half of it
-    "2.0 ** -(mantissa_bits + 2)",  # below the errors measured
-    "10.0 ** -mantissa_bits",  # decimal digits
-    "2.0 ** -(mantissa_bits + 1 + (mantissa_bits > 20))",  # right for 16-bit formats, wrong for fp32
+@pytest.mark.parametrize("mistake, message", [
+    ("2.0 ** -mantissa_bits", "machine epsilon"),  # the spacing, not half of it
+    ("2.0 ** -(mantissa_bits + 2)", "you halved the spacing twice"),  # below the errors measured
+    ("10.0 ** -mantissa_bits", "mantissa bits are binary digits, so the spacing between 1 and 2 is 2^-m, not 10^-m"),
+    ("2.0 ** -mantissa_bits + 1", "raises first and adds 1 afterwards"),  # operator precedence
+    ("2.0 ** -(mantissa_bits - 1)", "the exponent is m - 1 instead of m + 1"),
+    ("2.0 ** (mantissa_bits + 1)", "the exponent lost its minus sign"),
+    # right for the 16-bit formats, wrong for fp32: no single slip, the rows and the general advice say where
+    ("2.0 ** -(mantissa_bits + 1 + (mantissa_bits > 20))", "Your bound is below errors that were measured"),
 ])
-def test_wrong_unit_roundoffs_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
+def test_wrong_unit_roundoffs_fail_each_with_its_own_message(notebook, mistake, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         _roundoff(notebook, ("2.0 ** -(mantissa_bits + 1)", mistake))
+
+
+def test_a_unit_roundoff_that_raises_is_said_so(notebook):
+    with pytest.raises(CheckpointFailed, match=r"unit_roundoff\(23\) raised TypeError"):
+        _roundoff(notebook, ("2.0 ** -(mantissa_bits + 1)", "2.0 ** -(mantissa_bits + None)"))
 
 
 def test_the_measured_rounding_errors_approach_the_bound_from_below():

@@ -4,6 +4,7 @@ with the kernel names cuDNN showed on an H200), passing with the reference answe
 WORKSHOP_STRICT=1) with one typical mistake."""
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -65,13 +66,21 @@ def test_conv_share_reference_passes(notebook, cpu_run):
     assert 0 < namespace["conv_share_pct"] < 100
 
 
-@pytest.mark.parametrize("mistake", [
-    ('operator_rows.loc[is_conv, self_column]', 'operator_rows.loc[is_conv, total_column]'),  # nested totals summed
-    ('str.contains("conv")', 'str.contains("conv2d")'),  # only the outer operator, whose self time is tiny
-    ('100 * operator_rows', 'operator_rows'),  # a fraction, not percent
+@pytest.mark.parametrize("mistake, message", [
+    # nested totals summed
+    (('operator_rows.loc[is_conv, self_column]', 'operator_rows.loc[is_conv, total_column]'), "nested conv operators"),
+    # totals over totals
+    (('operator_rows.loc[is_conv, self_column].sum() / operator_rows[self_column].sum()',
+      'operator_rows.loc[is_conv, total_column].sum() / operator_rows[total_column].sum()'), "total time over total time"),
+    # only the outer operator, whose self time is tiny
+    (('str.contains("conv")', 'str.contains("conv2d")'), "that counts only aten::conv2d"),
+    # a fraction, not percent
+    (('100 * operator_rows', 'operator_rows'), "a fraction, not a percent"),
+    # the range ProfilerStep* in the denominator
+    (('/ operator_rows[self_column].sum()', '/ ops[self_column].sum()'), "the denominator includes the ranges"),
 ])
-def test_conv_share_mistakes_fail(notebook, cpu_run, mistake):
-    with pytest.raises(CheckpointFailed):
+def test_conv_share_mistakes_fail_each_with_its_own_message(notebook, cpu_run, mistake, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         notebook.run("03.1", _ops(cpu_run), mistake)
 
 
@@ -111,13 +120,21 @@ def test_conversion_share_is_zero_on_a_cpu_table(notebook, cpu_run):
     assert namespace["conversion_share"] == 0
 
 
-@pytest.mark.parametrize("mistake", [
-    ('"nchwToNhwc|nhwcToNchw|batched_transpose"', '"nchwToNhwc"'),  # one direction only
-    ('kernels_fp16["total_ns"].sum()', 'kernels_fp16["total_ns"].sum() / 100'),  # percent
-    ('.sum() / kernels_fp16["total_ns"].sum()', '.sum() / kernels_fp16["total_ns"].max()'),  # over the top kernel
+@pytest.mark.parametrize("mistake, message", [
+    (('"nchwToNhwc|nhwcToNchw|batched_transpose"', '"nchwToNhwc"'), "counts only the nchwToNhwc kernels"),
+    (("conversion_share = kernels_fp16", "conversion_share = 100 * kernels_fp16"), "a fraction is wanted (0..1), not percent"),
+    (('.sum() / kernels_fp16["total_ns"].sum()', '.sum() / kernels_fp16["total_ns"].max()'), "over the largest kernel's time"),
+    # any name with a layout in it: the batch norm kernel ..._NCHW is no conversion
+    (('"nchwToNhwc|nhwcToNchw|batched_transpose"', '"nhwc|nchw"'), "every kernel whose name mentions a layout"),
+    # the share of the launches
+    (('kernels_fp16.loc[is_conversion, "total_ns"].sum() / kernels_fp16["total_ns"].sum()',
+      'kernels_fp16.loc[is_conversion, "calls"].sum() / kernels_fp16["calls"].sum()'), "share of the launches (calls)"),
+    # over the rest of the time
+    (('/ kernels_fp16["total_ns"].sum()', '/ kernels_fp16.loc[~is_conversion, "total_ns"].sum()'),
+     "over the other kernels' time"),
 ])
-def test_conversion_share_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
+def test_conversion_share_mistakes_fail_each_with_its_own_message(notebook, mistake, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         notebook.run("03.3", _namespace(kernels_fp16=GPU_KERNELS.copy(), on_gpu=True), mistake)
 
 
@@ -127,9 +144,16 @@ def test_amdahl_reference_passes(notebook, share):
     assert namespace["predicted_cl_speedup"] == pytest.approx(1 / (1 - share))
 
 
-@pytest.mark.parametrize("wrong", ["1 + conversion_share", "1 - conversion_share", "1 / conversion_share"])
-def test_amdahl_mistakes_fail(notebook, wrong):
-    with pytest.raises((CheckpointFailed, ZeroDivisionError)):
+@pytest.mark.parametrize("wrong, message", [
+    ("1 + conversion_share", "only the first term of 1 / (1 - share)"),
+    ("1 - conversion_share", "the new time as a fraction of the old one"),
+    ("1 / (1 + conversion_share)", "a slow-down: removing work cannot slow the step"),
+    ("conversion_share / (1 - conversion_share)", "the gain (speed-up - 1)"),
+    ("1 / conversion_share", "divides by the conversions' share"),
+    ("1 / (1 - 100 * conversion_share)", "treats the share as a percent"),
+])
+def test_amdahl_mistakes_fail_each_with_its_own_message(notebook, wrong, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         notebook.run("03.4", _namespace(conversion_share=0.1), ("1 / (1 - conversion_share)", wrong))
 
 

@@ -6,6 +6,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import re  # noqa: E402
+
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
@@ -13,7 +15,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from inference import networks  # noqa: E402
-from notebook_exercises import SolutionExercises  # noqa: E402
+from notebook_exercises import SolutionExercises, run_source  # noqa: E402
 from tinyllama import course  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.course import flops_checks  # noqa: E402
@@ -58,16 +60,40 @@ def test_the_conv_formula_passes_on_every_layer(notebook):
     assert len(namespace["convs"]) == 20 and namespace["conv_flops_ok"]
 
 
-@pytest.mark.parametrize("mistake", [
-    ("return 2 * n * conv.out_channels", "return n * conv.out_channels"),  # MACs, not FLOPs
-    ("return 2 * n * conv.out_channels", "return 2 * conv.out_channels"),  # the batch forgotten
-    ("(c_in // conv.groups)", "c_in"),  # groups ignored: only the odd convolutions catch it
-    ("h_out = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1", "h_out = h"),  # the input's height
-    ("dw * (kw - 1)", "(kw - 1)"),  # dilation ignored (the odd convolution is dilated along its width)
+@pytest.mark.parametrize("mistake, message", [
+    (("return 2 * n * conv.out_channels", "return n * conv.out_channels"), "a multiply-add (MAC) is two FLOPs"),
+    (("return 2 * n * conv.out_channels", "return 2 * conv.out_channels"), "every image of the batch is convolved"),
+    # groups ignored: only the odd convolutions catch it
+    (("(c_in // conv.groups)", "c_in"), "each output channel sees only in_channels / g"),
+    (("h_out = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1", "h_out = h"), "counted over the input's pixels"),
+    ((") // sh + 1", ") + 1"), "the stride is missing from the output size"),  # in the height only
+    # the stride left out of both sizes
+    ((") // sh + 1", ") + 1", ") // sw + 1", ") + 1"), "the stride is missing from the output size"),
+    (("2 * ph", "0 * ph", "2 * pw", "0 * pw"), "the padding is missing from the output size"),
+    (("dh * (kh - 1)", "(kh - 1)", "dw * (kw - 1)", "(kw - 1)"), "the dilation is missing"),
+    # the dilation ignored along the width only (the odd convolution is dilated along its width)
+    (("dw * (kw - 1)", "(kw - 1)"), "the dilation is missing"),
+    (("// sh + 1", "/ sh + 1", "// sw + 1", "/ sw + 1"), "divide by the stride with //, not /"),
 ])
-def test_conv_formula_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        notebook.run("04.1", _namespace(), mistake)
+def test_conv_formula_mistakes_fail(notebook, mistake, message):
+    source = notebook.source("04.1")
+    for old, new in zip(mistake[::2], mistake[1::2]):
+        assert old in source
+        source = source.replace(old, new)
+    namespace = _namespace()
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
+        run_source(source, namespace)
+        run_source(notebook.check_source("04.1"), namespace)
+
+
+def test_the_formula_with_every_part_is_the_reference(built):
+    cases = dict(built[1]) | {name: (make(), shape) for name, make, shape in flops_checks.ODD_CONVS}
+    for conv, shape in cases.values():
+        assert flops_checks.conv_formula(conv, shape) == flops_checks.counted_flops(conv, shape)
+    # each slip differs from the reference somewhere in these cases: the check can tell it apart
+    for switches, _ in flops_checks.CONV_SLIPS:
+        assert any(flops_checks.conv_formula(conv, shape, **switches) != flops_checks.counted_flops(conv, shape)
+                   for conv, shape in cases.values()), switches
 
 
 def test_a_forgotten_batch_is_named(built, capsys, lenient):

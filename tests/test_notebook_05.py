@@ -3,6 +3,7 @@ reference answer passes its check and plausible wrong answers fail it, and the t
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -74,14 +75,24 @@ def test_the_split_passes(notebook, recorded):
     assert namespace["global_throughput"] == pytest.approx(recorded.global_throughput, rel=1e-9)
 
 
-@pytest.mark.parametrize("mistake", [
-    ('recorded.per_rank["median_ms"].max()', 'recorded.per_rank["median_ms"].min()'),  # the fastest rank
-    ('recorded.per_rank["median_ms"].max()', 'recorded.per_rank["median_ms"].mean()'),  # the mean rank
-    ('recorded.batch_size / (recorded.per_rank["median_ms"].max() / 1e3)', 'recorded.per_rank["throughput"].sum()'),
-    ("per_rank_batch = recorded.batch_size // recorded.world_size", "per_rank_batch = recorded.batch_size"),
+THROUGHPUT = 'recorded.batch_size / (recorded.per_rank["median_ms"].max() / 1e3)'
+
+
+@pytest.mark.parametrize("mistake, message", [
+    (('recorded.per_rank["median_ms"].max()', 'recorded.per_rank["median_ms"].min()'), "the fastest rank's time"),
+    (('recorded.per_rank["median_ms"].max()', 'recorded.per_rank["median_ms"].mean()'), "the ranks' mean time"),
+    ((THROUGHPUT, 'recorded.per_rank["throughput"].sum()'), "the sum of the ranks' own rates"),
+    ((THROUGHPUT, 'recorded.batch_size / recorded.per_rank["median_ms"].max()'), "That divides by milliseconds"),
+    ((THROUGHPUT, 'per_rank_batch / (recorded.per_rank["median_ms"].max() / 1e3)'), "That is one rank's rate"),
+    ((THROUGHPUT, 'recorded.batch_size * recorded.world_size / (recorded.per_rank["median_ms"].max() / 1e3)'),
+     "counts the global batch 2 times"),
+    (("per_rank_batch = recorded.batch_size // recorded.world_size", "per_rank_batch = recorded.batch_size"),
+     "that is the global batch"),
+    (("per_rank_batch = recorded.batch_size // recorded.world_size",
+      "per_rank_batch = recorded.batch_size * recorded.world_size"), "that multiplies by the ranks"),
 ])
-def test_split_mistakes_fail(notebook, recorded, mistake):
-    with pytest.raises(CheckpointFailed):
+def test_split_mistakes_fail_each_with_its_own_message(notebook, recorded, mistake, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         notebook.run("05.1", _namespace(recorded), mistake)
 
 

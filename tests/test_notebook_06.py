@@ -3,6 +3,7 @@ run on the reference answer (it passes) and on an answer with one typical mistak
 WORKSHOP_STRICT=1). The modes table is made up, shaped as inference.compile_modes.modes_table makes it."""
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -50,14 +51,39 @@ def test_prediction_mistakes_fail(notebook, mistake):
         notebook.run("06.1", _namespace(), mistake)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = eager_ms - compiled_ms"),  # seconds over milliseconds
-    ("if saved_s > 0 else math.inf", "if saved_s != 0 else math.inf"),  # a negative count when compiled is slower
-    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = eager_ms / compiled_ms"),  # a ratio, not a saving
+SAVED = "saved_s = (eager_ms - compiled_ms) / 1e3"
+GUARD = "if saved_s > 0 else math.inf"
+
+
+@pytest.mark.parametrize("mistake, message", [
+    # the slips notebook 16 names too (compile_mode_checks.BREAK_EVEN_SLIPS)
+    ((SAVED, "saved_s = eager_ms - compiled_ms"), "1000 times too few steps"),  # seconds over milliseconds
+    ((GUARD, "if saved_s != 0 else math.inf"), "negative number of steps where the compiled step is slower"),
+    ((" if saved_s > 0 else math.inf", ""), "divides by zero where the two steps take equal times"),
+    (("compile_s / saved_s", "saved_s / compile_s"), "is upside down: it divides the time a step saves"),
+    ((SAVED, "saved_s = compiled_ms / 1e3"), "counts the compiled steps that fit into the compile time"),
+    ((GUARD, "if saved_s > 0 else None"), "where it saves nothing it returns None"),
+    # the slips compile_checks.BREAK_EVEN_SLIPS adds, for both notebooks
+    (("return compile_s / saved_s", "return compile_s * 1e3 / saved_s"), "1000 times too many steps"),
+    ((GUARD, "if saved_s >= 0 else math.inf"), "(> 0, not >= 0)"),  # 0 / 0 when compiled is as fast
+    ((SAVED, "saved_s = (compiled_ms - eager_ms) / 1e3"), "takes the saving as compiled - eager"),
+    ((SAVED, "saved_s = eager_ms / compiled_ms"), "divides by the speed-up eager / compiled"),
+    # no typical slip: the general hint
+    (("return compile_s / saved_s", "return 2 * compile_s / saved_s"), "in one unit (seconds and milliseconds"),
 ])
-def test_break_even_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
+def test_break_even_mistakes_fail_each_with_its_own_message(notebook, mistake, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         notebook.run("06.2", _namespace(), mistake)
+
+
+def test_every_added_break_even_slip_differs_from_the_reference_and_is_named_as_itself():
+    from tinyllama.course import compile_checks as cc
+
+    right = cc._answers(cc.break_even_steps, cc.BREAK_EVEN_CASES)
+    for slip, text in cc.BREAK_EVEN_SLIPS:
+        answers = cc._answers(slip, cc.BREAK_EVEN_CASES)
+        assert not all(cc._same_answer(a, b) for a, b in zip(answers, right)), text
+        assert cc.break_even_slip(slip) == text  # no earlier slip (of either list) answers the same
 
 
 @pytest.mark.parametrize("mistake", [

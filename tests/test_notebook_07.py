@@ -4,6 +4,7 @@ WORKSHOP_STRICT=1). The launch sequence is a small GPU-like run: a reference for
 extra launches (cuDNN's algorithm search), and three timed forwards; the counters those of the sample ncu
 run in tests/data (a memory-bound batch norm, a compute-bound GEMM)."""
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -124,13 +125,20 @@ def test_the_check_says_what_would_have_been_profiled(capsys, lenient):
 LIKE = "torch_side = timed[(timed[\"index\"] % per_forward).isin(positions)]"
 
 
-@pytest.mark.parametrize("wrong", [
-    'torch_side = timed[timed["kernel"].isin(selected["kernel"])]',  # by name: the same kernels at other layers
-    'torch_side = launches[launches["range"] == "reference"]',  # the correctness check's launches
-    'torch_side = timed',  # the whole forward
+@pytest.mark.parametrize("wrong, message", [
+    # by name: the same kernels at other layers
+    ('torch_side = timed[timed["kernel"].isin(selected["kernel"])]', "that selects by kernel name"),
+    # the correctness check's launches
+    ('torch_side = launches[launches["range"] == "reference"]', "'reference' is"),
+    ('torch_side = timed', "that is the whole forward"),  # the whole forward
+    # the launch's number in the whole run, not within the range
+    ('torch_side = timed[(timed["index"] % per_forward).isin(selected["launch"] % per_forward)]',
+     "come from `launch`, the launch's number in the whole run"),
+    # the positions of one iteration only: no median
+    ('torch_side = timed[timed["index"].isin(selected["index"])]', "from 1 of the 3 iterations"),
 ])
-def test_like_with_like_mistakes_fail(notebook, wrong):
-    with pytest.raises(CheckpointFailed):
+def test_like_with_like_mistakes_fail_each_with_its_own_message(notebook, wrong, message):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)):
         _run(notebook, "07.3", (LIKE, wrong), selected_options=["--profile-from-start", "off", "--launch-count", "6"])
 
 

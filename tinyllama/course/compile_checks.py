@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -118,9 +119,81 @@ BREAK_EVEN_CASES: tuple[tuple[float, float, float], ...] = ((30.0, 50.0, 25.0), 
                                                             (40.0, 20.0, 25.0), (5.0, 8.0, 8.0))
 
 
+def _saved_s(eager_ms: float, compiled_ms: float) -> float:
+    return (eager_ms - compiled_ms) / 1e3
+
+
+# Typical wrong break-even functions (exercises 06.2 and 16.3) beyond those of
+# :data:`tinyllama.course.compile_mode_checks.BREAK_EVEN_SLIPS` (milliseconds, upside down, negative, no guard,
+# whole steps, never pays), each with what it gets wrong. A slip is named when the participant's function
+# answers every case of BREAK_EVEN_CASES as it does (raising included).
+BREAK_EVEN_SLIPS: tuple[tuple[Callable[[float, float, float], float], str], ...] = (
+    (lambda c, e, k: c * 1e3 / _saved_s(e, k) if e > k else math.inf,
+     ("Your break_even gives 1000 times too many steps: the compile time was turned into milliseconds while the "
+     "saving is already in seconds; convert only one of the two.")),
+    (lambda c, e, k: c / _saved_s(e, k) if e >= k else math.inf,
+     ("Your break_even divides by zero where the compiled step is exactly as fast as the eager one: a step that "
+     "saves nothing never pays, so return math.inf whenever the saving is not positive (> 0, not >= 0).")),
+    (lambda c, e, k: c / ((k - e) / 1e3) if k > e else math.inf,
+     ("Your break_even takes the saving as compiled - eager: a step saves eager_ms - compiled_ms, which is "
+     "positive when the compiled step is faster.")),
+    (lambda c, e, k: c / (e / k),
+     ("Your break_even divides by the speed-up eager / compiled: a ratio is not a saving; divide the compile time "
+     "by the time each step saves, eager_ms - compiled_ms, in seconds.")),
+)
+
+
+def _answers(function: Callable[..., Any], cases: Sequence[tuple[float, ...]]) -> list[Any]:
+    """``function(*case)`` for each case, or the type of the exception it raised."""
+    out: list[Any] = []
+    for case in cases:
+        try:
+            out.append(function(*case))
+        except NotImplementedError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a raise is an answer the slips can share
+            out.append(type(error))
+    return out
+
+
+def _same_answer(a: Any, b: Any) -> bool:
+    if isinstance(a, type) or isinstance(b, type):
+        return a is b
+    try:
+        a, b = float(a), float(b)
+    except (TypeError, ValueError):
+        return False
+    return a == b or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def break_even_slip(candidate: Callable[[float, float, float], float]) -> str | None:
+    """What is wrong with ``candidate`` when it answers every case of :data:`BREAK_EVEN_CASES` as a typical
+    mistake does: those of :func:`tinyllama.course.compile_mode_checks.name_break_even_slip` first, then
+    :data:`BREAK_EVEN_SLIPS`; ``None`` when it is right or wrong in no typical way."""
+    from tinyllama.course.compile_mode_checks import (  # it imports this module
+        NEVER_PAYS,
+        name_break_even_slip,
+    )
+
+    named = name_break_even_slip(candidate, BREAK_EVEN_CASES)
+    # Its catch-all ("right where faster, wrong where it saves nothing") comes after the exact slips of both lists.
+    catch_all = named is not None and named.startswith(NEVER_PAYS.split("{answer}")[0])
+    if named is not None and not catch_all:
+        return f"Your break_even {named}."
+    yours = _answers(candidate, BREAK_EVEN_CASES)
+    if all(_same_answer(a, b) for a, b in zip(yours, _answers(break_even_steps, BREAK_EVEN_CASES))):
+        return None
+    for slip, text in BREAK_EVEN_SLIPS:
+        if all(_same_answer(a, b) for a, b in zip(yours, _answers(slip, BREAK_EVEN_CASES))):
+            return text
+    return f"Your break_even {named}." if named is not None else None
+
+
 def check_break_even(candidate: Callable[[float, float, float], float]) -> bool:
     """``candidate(compile_s, eager_ms, compiled_ms)`` gives the steps after which the compile has paid
-    for itself, ``math.inf`` when the compiled step is not faster (units: seconds and milliseconds)."""
+    for itself, ``math.inf`` when the compiled step is not faster (units: seconds and milliseconds). A
+    wrong function is compared with the typical mistakes (:func:`break_even_slip`) on the same cases and
+    the one it reproduces is named."""
     cases = []
     for compile_s, eager_ms, compiled_ms in BREAK_EVEN_CASES:
         expected = break_even_steps(compile_s, eager_ms, compiled_ms)
@@ -133,9 +206,10 @@ def check_break_even(candidate: Callable[[float, float, float], float]) -> bool:
                               lambda a, e=expected: isinstance(a, (int, float)) and math.isclose(a, e, rel_tol=1e-6,
                                                                                                 abs_tol=1e-9),
                               "the compile time over the time each step saves, both in seconds", f"{expected:g}"))
-    return check_cases("break_even", candidate, cases,
-                       hint="A factor of 1000 off: seconds against milliseconds. Negative or a division by zero: "
-                            "when the compiled step saves nothing, return math.inf.")
+    hint = break_even_slip(candidate) or (
+        "Divide the compile time by the time each step saves, in one unit (seconds and milliseconds differ by "
+        "1000), and return math.inf when the compiled step saves nothing.")
+    return check_cases("break_even", candidate, cases, hint=hint)
 
 
 def _three_digits(value: float) -> str:

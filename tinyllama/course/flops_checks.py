@@ -31,7 +31,9 @@ from tinyllama.course.checkpoints import check_between, check_equal, checkpoint
 ODD_CONVS: tuple[tuple[str, Callable[[], nn.Conv2d], tuple[int, int, int, int]], ...] = (
     ("grouped 3x5, stride 2x3, dilated", lambda: nn.Conv2d(12, 20, (3, 5), stride=(2, 3), padding=(1, 2), dilation=(1, 2),
                                                           groups=4, bias=False), (3, 12, 37, 29)),
-    ("depth-wise 3x3, stride 2", lambda: nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16, bias=False), (2, 16, 15, 15)),
+    # no padding: the output size then differs from the input's even without the stride
+    ("depth-wise 3x3, stride 2, no padding", lambda: nn.Conv2d(16, 16, 3, stride=2, padding=0, groups=16, bias=False),
+     (2, 16, 15, 15)),
     ("1x1 on one image", lambda: nn.Conv2d(7, 9, 1, bias=False), (1, 7, 11, 13)),
 )
 
@@ -92,20 +94,70 @@ def _conv_slips(conv: nn.Conv2d, shape: tuple[int, ...]) -> list[tuple[float, st
     out_h = (h + 2 * conv.padding[0] - conv.dilation[0] * (conv.kernel_size[0] - 1) - 1) // conv.stride[0] + 1
     out_w = (w + 2 * conv.padding[1] - conv.dilation[1] * (conv.kernel_size[1] - 1) - 1) // conv.stride[1] + 1
     slips = [(0.5, "half of PyTorch's count: a multiply-add is two FLOPs (MACs x 2)."),
-             (float(conv.groups), f"{conv.groups}x too many: with groups={conv.groups} each output channel sees only "
-                                  "in_channels / groups input channels."),
-             ((h * w) / (out_h * out_w), "counted over the input's pixels: the output has "
-                                         f"{out_h}x{out_w} pixels (stride, padding and dilation shrink it).")]
+             (float(conv.groups), (f"{conv.groups}x too many: with groups={conv.groups} each output channel sees only "
+                                  "in_channels / groups input channels.")),
+             ((h * w) / (out_h * out_w), ("counted over the input's pixels: the output has "
+                                         f"{out_h}x{out_w} pixels (stride, padding and dilation shrink it)."))]
     if n > 1:
         slips.append((1.0 / n, f"1/{n} of PyTorch's count: every image of the batch ({n}) is convolved."))
     return [(f, text) for f, text in slips if f != 1.0]
+
+
+def conv_formula(conv: nn.Conv2d, shape: tuple[int, ...], *, flops_per_mac: int = 2, batch: bool = True,
+                 groups: bool = True, stride: bool = True, padding: bool = True, dilation: bool = True,
+                 floor: bool = True, output_size: bool = True, axes: tuple[int, ...] = (0, 1)) -> float:
+    """A convolution's FLOPs by formula, with switches that each leave one part out (a typical mistake):
+    all switches on, it is the reference count (2 FLOPs per multiply-add, no bias). The switches of the
+    output size apply to ``axes`` only (0: the height, 1: the width); the other axis is computed right."""
+    n, c_in, h, w = shape
+    sizes = []
+    for axis, (size, k, s, p, d) in enumerate(zip((h, w), conv.kernel_size, conv.stride, conv.padding, conv.dilation)):
+        if axis not in axes:
+            sizes.append((size + 2 * p - d * (k - 1) - 1) // s + 1)
+            continue
+        span = (d if dilation else 1) * (k - 1) + 1
+        inner = size + (2 * p if padding else 0) - span
+        step = s if stride else 1
+        sizes.append((inner // step if floor else inner / step) + 1 if output_size else size)
+    macs_per_output = (c_in // conv.groups if groups else c_in) * conv.kernel_size[0] * conv.kernel_size[1]
+    return float(flops_per_mac * (n if batch else 1) * conv.out_channels * sizes[0] * sizes[1] * macs_per_output)
+
+
+# The mistakes of exercise 04.1: the switches of :func:`conv_formula` that make each, and what it is.
+CONV_SLIPS: tuple[tuple[dict, str], ...] = (
+    ({"flops_per_mac": 1}, "half of PyTorch's count: a multiply-add (MAC) is two FLOPs (MACs x 2)."),
+    ({"batch": False}, "every image of the batch is convolved: multiply by N."),
+    ({"groups": False}, ("too many on the grouped convolutions: with groups=g each output channel sees only "
+                        "in_channels / g input channels.")),
+    ({"output_size": False}, ("counted over the input's pixels: the output's height and width follow from the stride, "
+                             "padding and dilation (a stride of 2 halves them).")),
+    ({"stride": False}, "the stride is missing from the output size: a stride of s keeps one position in s."),
+    ({"padding": False}, "the padding is missing from the output size: padding p adds p rows (columns) on each side."),
+    ({"dilation": False}, "the dilation is missing: a kernel of k taps with dilation d spans d (k - 1) + 1 pixels."),
+    ({"floor": False}, ("the output size is a whole number: divide by the stride with //, not / (the last position "
+                       "that does not fit is dropped).")),
+)
+
+
+def conv_slip(conv2d_flops: Callable[[nn.Conv2d, tuple[int, ...]], float],
+              cases: Mapping[str, tuple[nn.Conv2d, tuple[int, ...]]]) -> str | None:
+    """The mistake of :data:`CONV_SLIPS` that gives ``conv2d_flops``'s count on every case, else ``None``."""
+    answers = [(conv, shape, float(conv2d_flops(conv, shape))) for conv, shape in cases.values()]
+    for switches, text in CONV_SLIPS:
+        sized = not switches.keys() & {"flops_per_mac", "batch", "groups"}  # a mistake in the output size
+        for axes, where in (((0, 1), ""), ((0,), " (in the height)"), ((1,), " (in the width)"))[: 3 if sized else 1]:
+            if all(math.isclose(yours, conv_formula(conv, shape, **switches, axes=axes), rel_tol=1e-9)
+                   for conv, shape, yours in answers):
+                return text[:-1] + where + "." if where else text
+    return None
 
 
 def check_conv_flops(conv2d_flops: Callable[[nn.Conv2d, tuple[int, ...]], float],
                      convs: Mapping[str, tuple[nn.Conv2d, tuple[int, ...]]]) -> bool:
     """``conv2d_flops(conv, input_shape)`` equals ``torch.utils.flop_counter``'s count on every convolution
     of ``convs`` (:func:`conv_inputs`) and on :data:`ODD_CONVS`; the feedback names the first layer that
-    differs, by how much, and the mistake the factor suggests."""
+    differs, by how much, and the mistake (:data:`CONV_SLIPS`) that gives the same counts on every layer,
+    else the one its factor suggests."""
     cases = dict(convs) | {f"({name})": (make(), shape) for name, make, shape in ODD_CONVS}
     wrong = []
     for name, (conv, shape) in cases.items():
@@ -121,12 +173,16 @@ def check_conv_flops(conv2d_flops: Callable[[nn.Conv2d, tuple[int, ...]], float]
         return checkpoint(True, f"conv2d_flops matches PyTorch's FLOP counter on all {len(convs)} convolutions of the "
                                 f"network and {len(ODD_CONVS)} odd ones (grouped, strided, dilated, not square)", "")
     name, conv, shape, yours, expected = wrong[0]
-    hint = slip_hint(yours, expected, _conv_slips(conv, shape)) if expected else ""
-    wrong_names = {w[0] for w in wrong}
-    single = [name for name, (_, shape) in cases.items() if shape[0] == 1]
-    if shape[0] > 1 and single and not wrong_names & set(single) and math.isclose(yours * shape[0], expected, rel_tol=1e-6):
-        # right on a batch of one image, 1/N of the count on a batch of N: the batch is missing
-        hint = f"1/{shape[0]} of PyTorch's count, and right on a batch of one image: every image of the batch is convolved."
+    hint = conv_slip(conv2d_flops, cases)
+    if hint is None:
+        hint = slip_hint(yours, expected, _conv_slips(conv, shape)) if expected else ""
+        wrong_names = {w[0] for w in wrong}
+        single = [name for name, (_, shape) in cases.items() if shape[0] == 1]
+        if (shape[0] > 1 and single and not wrong_names & set(single)
+                and math.isclose(yours * shape[0], expected, rel_tol=1e-6)):
+            # right on a batch of one image, 1/N of the count on a batch of N: the batch is missing
+            hint = (f"1/{shape[0]} of PyTorch's count, and right on a batch of one image: every image of the batch "
+                    "is convolved.")
     return checkpoint(False, "", f"conv2d_flops differs from PyTorch's counter on {len(wrong)} of {len(cases)} "
                                  f"convolutions; first {name}: {conv} on input {tuple(shape)}: yours {yours:.6g}, "
                                  f"PyTorch's {expected:.6g} FLOPs ({yours / expected:.4g}x). {hint}".rstrip())
@@ -139,8 +195,8 @@ def check_rate_and_mfu(achieved_tflops: float, mfu_measured: float, mfu_datashee
     expected = forward_flops / (median_ms / 1e3) / 1e12
     slips = [(1e3, "1000x: the time is in milliseconds; divide by seconds."),
              (1e-3, "1/1000: the time is in milliseconds; divide by seconds."),
-             (0.5, "half: a multiply-add (MAC) is two FLOPs."), (1.0 / batch_size, f"1/{batch_size}: the FLOPs of "
-                                                                   "one image over the time of the whole batch.")]
+             (0.5, "half: a multiply-add (MAC) is two FLOPs."), (1.0 / batch_size, (f"1/{batch_size}: the FLOPs of "
+                                                                   "one image over the time of the whole batch."))]
     ok = check_between("achieved rate", float(achieved_tflops), 0.99 * expected, 1.01 * expected, "TFLOP/s",
                        hint=slip_hint(float(achieved_tflops), expected, slips),
                        why=f"{forward_flops:.4g} FLOPs per forward of the batch / {median_ms:.4g} ms = {expected:.4g} TFLOP/s.")
@@ -153,8 +209,8 @@ def check_rate_and_mfu(achieved_tflops: float, mfu_measured: float, mfu_datashee
         mfu = expected / roof
         ok &= check_between(name, float(value), 0.99 * mfu, 1.01 * mfu,
                             hint=slip_hint(float(value), mfu, [(100.0, "a percent: write the fraction (0.4, not 40)."),
-                                                               ((roof / expected) ** 2, "the ceiling over the rate: "
-                                                                                     "the other way round.")]),
+                                                               ((roof / expected) ** 2, ("the ceiling over the rate: "
+                                                                                     "the other way round."))]),
                             why=f"achieved {expected:.4g} / {roof:.4g} TFLOP/s: a fraction between 0 and 1.")
     return ok
 

@@ -44,29 +44,70 @@ def measured_rounding_error(fmt: str, samples: int = 1 << 20, seed: int = 0) -> 
     return float(((rounded.double() - x.double()).abs() / x.double()).max())
 
 
+# Typical wrong unit roundoffs, each as a function of the mantissa bits m, with what it says went wrong.
+# The reference is 2^-(m+1): numbers between 1 and 2 are 2^-m apart, rounding moves a value by half that.
+ROUNDOFF_SLIPS: tuple[tuple[str, Callable[[int], float], str], ...] = (
+    ("machine epsilon", lambda m: 2.0 ** -m,
+     ("Your bound is twice the measured error: 2^-m is the spacing of the numbers between 1 and 2 (machine "
+     "epsilon, torch.finfo(dtype).eps). Rounding to the nearest is off by at most half of that spacing.")),
+    ("halved twice", lambda m: 2.0 ** -(m + 2),
+     ("Your bound is half the measured error: you halved the spacing twice. Counting the implicit leading 1 "
+     "does not shrink the spacing: between 1 and 2 the numbers are still 2^-m apart, so rounding is off by "
+     "at most 2^-m / 2.")),
+    ("decimal digits", lambda m: 10.0 ** -m,
+     ("Your bound is a power of ten: mantissa bits are binary digits, so the spacing between 1 and 2 is 2^-m, "
+     "not 10^-m.")),
+    ("half a decimal digit", lambda m: 0.5 * 10.0 ** -m,
+     ("Your bound is half a power of ten: mantissa bits are binary digits, so the spacing between 1 and 2 is "
+     "2^-m, not 10^-m.")),
+    ("precedence", lambda m: 2.0 ** -m + 1,
+     ("Your bound is just above 1: `2 ** -m + 1` raises first and adds 1 afterwards. Put the whole exponent in "
+     "parentheses: 2 ** -(m + 1).")),
+    ("exponent m - 1", lambda m: 2.0 ** -(m - 1),
+     ("Your bound is 4x the measured error: the exponent is m - 1 instead of m + 1 (a spacing of 2^-m, halved, "
+     "is 2^-(m+1)).")),
+    ("positive exponent", lambda m: 2.0 ** (m + 1),
+     ("Your bound is larger than 1: the exponent lost its minus sign. A relative error of a rounding is a "
+     "small number, 2 to a negative power.")),
+)
+
+
+def roundoff_slip(claimed: dict[int, float]) -> str | None:
+    """The typical mistake of :data:`ROUNDOFF_SLIPS` that gives ``claimed`` (mantissa bits -> bound) for
+    every format, else ``None``."""
+    for _, slip, text in ROUNDOFF_SLIPS:
+        if all(math.isfinite(value) and math.isclose(value, slip(bits), rel_tol=1e-6) for bits, value in claimed.items()):
+            return text
+    return None
+
+
 def check_unit_roundoff(unit_roundoff: Callable[[int], float]) -> bool:
     """``unit_roundoff(mantissa_bits)`` must bound the measured rounding error of fp32, TF32, fp16
-    and bf16 from above, and by no more than 10%: the bound rounding to nearest guarantees."""
-    rows, ok, advice = [], True, ""
+    and bf16 from above, and by no more than 10%: the bound rounding to nearest guarantees. A wrong
+    bound is compared with :data:`ROUNDOFF_SLIPS` and the mistake it matches is named."""
+    rows, ok, advice, claimed_by_bits = [], True, "", {}
     for fmt, bits in MANTISSA_BITS.items():
         measured = measured_rounding_error(fmt)
-        claimed = float(unit_roundoff(bits))
+        try:
+            claimed = float(unit_roundoff(bits))
+        except Exception as error:  # noqa: BLE001 - shown to the participant as feedback
+            return checkpoint(False, "", f"unit_roundoff({bits}) raised {type(error).__name__}: {error}; it takes the "
+                                         "number of mantissa bits (an int) and returns a number")
+        claimed_by_bits[bits] = claimed
         fits = measured <= claimed <= 1.1 * measured
         ok &= fits
         ratio = claimed / measured if measured else math.inf
         rows.append(f"  {fmt:5s} ({bits:2d} mantissa bits): your bound {claimed:.3g}, largest measured error "
                     f"{measured:.3g} ({ratio:.3g}x){'' if fits else '  <-- off'}")
         if not fits and not advice:
-            if math.isclose(ratio, 2.0, rel_tol=0.05):
-                advice = ("Your bound is twice the measured error: that is the spacing of the numbers between 1 and "
-                          "2 (machine epsilon, torch.finfo(dtype).eps). Rounding to the nearest is off by at most "
-                          "half of that spacing.")
-            elif ratio < 1:
+            if ratio < 1:
                 advice = ("Your bound is below errors that were measured: count the implicit leading 1 and the "
                           "half spacing again.")
             else:
                 advice = ("Work in powers of two: with m mantissa bits the numbers between 1 and 2 are 2^-m apart, "
                           "and rounding to the nearest moves a value by at most half of that, relative to the value.")
+    if not ok:
+        advice = roundoff_slip(claimed_by_bits) or advice
     print("\n".join(rows))
     return checkpoint(ok, "your unit roundoff bounds every format's measured rounding error, within 10%: "
                           "the relative error of storing a number halves with each extra mantissa bit",

@@ -18,15 +18,15 @@ timing of :func:`inference.launch.host_and_device_ms`, the function notebook 01 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from inference.launch import LAUNCH_BOUND_RATIO, HostDevice
 from tinyllama.course.checkpoints import check_close, check_equal, checkpoint
-from tinyllama.timing import verdict
-from tinyllama.profiling.timeline import layout_conversion_share
-from tinyllama.timing import Stats
+from tinyllama.profiling.timeline import is_layout_conversion, layout_conversion_share
+from tinyllama.timing import Stats, verdict
 
 
 def conv_share_reference(ops: pd.DataFrame, self_column: str) -> float:
@@ -36,23 +36,55 @@ def conv_share_reference(ops: pd.DataFrame, self_column: str) -> float:
     return 100.0 * float(operators.loc[operators["name"].str.contains("conv"), self_column].sum()) / total if total else 0.0
 
 
-def check_conv_share(conv_share_pct: float, ops: pd.DataFrame, self_column: str, total_column: str) -> bool:
-    """``conv_share_pct`` is the convolutions' share of the step's self time (within 1%)."""
-    expected = conv_share_reference(ops, self_column)
+def _share(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole else math.nan
+
+
+def conv_share_slips(ops: pd.DataFrame, self_column: str, total_column: str) -> list[tuple[float, str]]:
+    """Typical wrong answers of exercise 03.1 computed on ``ops``: (the share a mistake gives, what it is)."""
     operators = ops[ops["kind"] == "operator"]
     conv = operators["name"].str.contains("conv")
-    with_totals = 100.0 * float(operators.loc[conv, total_column].sum()) / max(float(operators[self_column].sum()), 1e-12)
+    self_all, conv_self = float(operators[self_column].sum()), float(operators.loc[conv, self_column].sum())
+    nested = int(conv.sum())
+    slips = [(_share(float(operators.loc[conv, total_column].sum()), self_all),
+              (f"a total time counts a convolution once in each of the {nested} nested conv operators (conv2d calls "
+              "convolution calls _convolution calls the library's kernel): sum the self time")),
+             (_share(float(operators.loc[conv, total_column].sum()), float(operators[total_column].sum())),
+              ("total time over total time: a total counts the work of everything an operator calls, so nested "
+              "operators count the same work several times, in the numerator and the denominator. Use the self time")),
+             (_share(conv_self, self_all) / 100.0, "a fraction, not a percent: conv_share_pct is in percent (x 100)"),
+             (_share(conv_self, float(ops[self_column].sum())),
+              ("the denominator includes the ranges (kind 'annotation', such as ProfilerStep*): a range is not an "
+              "operator, its time is the step's time again. Divide by the operator rows' self time only"))]
+    names = sorted(set(operators.loc[conv, "name"]))
+    if 1 < len(names) <= 6:  # every proper subset of the nested conv operators: one of them counted, not all
+        for mask in range(1, 2 ** len(names) - 1):
+            chosen = [name for bit, name in enumerate(names) if mask >> bit & 1]
+            part = float(operators.loc[operators["name"].isin(chosen), self_column].sum())
+            slips.append((_share(part, self_all), (f"that counts only {', '.join(chosen)}: a convolution's self time "
+                                                  "lies in the innermost operator that runs the kernel, so take every "
+                                                  "row whose name contains 'conv' (all nested conv operators)")))
+    return slips
+
+
+def check_conv_share(conv_share_pct: float, ops: pd.DataFrame, self_column: str, total_column: str) -> bool:
+    """``conv_share_pct`` is the convolutions' share of the step's self time (within 1%). A wrong share is
+    compared with :func:`conv_share_slips` on the same table and the mistake it matches is named."""
+    expected = conv_share_reference(ops, self_column)
     if conv_share_pct is None or not math.isfinite(float(conv_share_pct)):
         return checkpoint(False, "", "conv_share_pct is not a number yet: compute it from the table `ops`")
-    summed_totals = math.isclose(conv_share_pct, with_totals, rel_tol=1e-3) and not math.isclose(with_totals, expected, rel_tol=0.01)
-    if conv_share_pct > 100.0 or summed_totals:
-        return checkpoint(False, "", f"conv_share_pct = {conv_share_pct:.1f}%, expected {expected:.1f}%: a total time "
-                          f"counts a convolution once in each of the {int(conv.sum())} nested conv operators "
-                          "(conv2d calls convolution calls _convolution calls the library's kernel): sum the self time")
-    return check_close("the convolutions' share of the step (%)", float(conv_share_pct), expected, rel_tol=0.01,
-                       hint="divide the convolution rows' self time by the self time of every operator row "
-                            "(kind == 'operator': ranges such as ProfilerStep* span the whole step); a share near 0 "
-                            "means only one of the nested conv operators was counted, and its self time is tiny")
+    share = float(conv_share_pct)
+    if math.isclose(share, expected, rel_tol=0.01):
+        return check_close("the convolutions' share of the step (%)", share, expected, rel_tol=0.01)
+    named = next((text for value, text in conv_share_slips(ops, self_column, total_column)
+                  if math.isfinite(value) and math.isclose(share, value, rel_tol=1e-3)
+                  and not math.isclose(value, expected, rel_tol=0.01)), None)
+    if named is None and share > 100.0:
+        named = ("a share above 100% counts some work twice: nested operators' total times overlap, sum the "
+                 "self time")
+    return check_close("the convolutions' share of the step (%)", share, expected, rel_tol=0.01,
+                       hint=named or "divide the convolution rows' self time by the self time of every operator row "
+                                     "(kind == 'operator': ranges such as ProfilerStep* span the whole step)")
 
 
 def category_ratio_reference(both: pd.DataFrame) -> pd.Series:
@@ -86,8 +118,37 @@ def check_category_ratios(ratio: pd.Series, shrank_most: str, both: pd.DataFrame
                        hint="shrank most = the smallest fp16 / fp32 ratio (not the largest, not the most ms saved)")
 
 
+def conversion_share_slips(kernels: pd.DataFrame) -> list[tuple[float, str]]:
+    """Typical wrong answers of exercise 03.3 computed on ``kernels``: (the share a mistake gives, what it is)."""
+    names, times = kernels["kernel"].astype(str), kernels["total_ns"].astype(float)
+    total = float(times.sum())
+    chosen = names.map(is_layout_conversion)
+    conversions = float(times[chosen].sum())
+    slips = [(100.0 * conversions / total, "a fraction is wanted (0..1), not percent")]
+    for one, other in (("nchwToNhwc", "nhwcToNchw"), ("nhwcToNchw", "nchwToNhwc")):
+        part = float(times[names.str.contains(one, case=False)].sum())
+        slips.append((part / total, (f"that counts only the {one} kernels: the library converts both ways, into NHWC "
+                                    f"before a convolution and back after it ({other} too)")))
+    mentions = names.str.contains("nhwc|nchw", case=False)
+    slips.append((float(times[mentions].sum()) / total,
+                  ("that counts every kernel whose name mentions a layout: a convolution that works on NHWC data "
+                  "says so in its name without converting anything. Match the conversion kernels' own names "
+                  "(nchwToNhwc, nhwcToNchw; batched_transpose on AMD)")))
+    if "calls" in kernels:
+        calls = kernels["calls"].astype(float)
+        slips.append((float(calls[chosen].sum()) / float(calls.sum()) if calls.sum() else math.nan,
+                      "that is the share of the launches (calls), not of the time: weight each kernel by total_ns"))
+    if total > conversions:
+        slips.append((conversions / (total - conversions),
+                      "that is over the other kernels' time: divide by the whole table's time, conversions included"))
+    slips.append((conversions / float(times.max()), ("that is over the largest kernel's time: divide by the whole "
+                                                    "table's time (the sum of total_ns)")))
+    return slips
+
+
 def check_conversion_share(conversion_share: float, kernels: pd.DataFrame) -> bool:
-    """``conversion_share`` is the fraction of ``kernels``' time in NCHW <-> NHWC conversion kernels."""
+    """``conversion_share`` is the fraction of ``kernels``' time in NCHW <-> NHWC conversion kernels. A wrong
+    share is compared with :func:`conversion_share_slips` on the same table and the mistake it matches is named."""
     expected = layout_conversion_share(kernels)
     if conversion_share is None:
         return checkpoint(False, "", "conversion_share is still None: compute it from the kernel table")
@@ -95,23 +156,53 @@ def check_conversion_share(conversion_share: float, kernels: pd.DataFrame) -> bo
     if math.isnan(expected):
         return checkpoint(math.isnan(share) or share == 0.0, "the table holds no time, so there is no share",
                           "the table holds no time: the share should be NaN or 0")
-    if math.isclose(share, 100.0 * expected, rel_tol=1e-3) and expected > 0:
-        return checkpoint(False, "", f"conversion_share = {share:.3g}: a fraction is wanted (0..1), not percent")
+    hint = ("count both directions, NCHW to NHWC and back (cuDNN: nchwToNhwcKernel and nhwcToNchwKernel; MIOpen on "
+            "AMD: batched_transpose kernels), over the whole table's time")
+    if not math.isclose(share, expected, rel_tol=0.01, abs_tol=1e-9):
+        named = next((text for value, text in conversion_share_slips(kernels)
+                      if math.isfinite(value) and math.isclose(share, value, rel_tol=1e-3, abs_tol=1e-12)
+                      and not math.isclose(value, expected, rel_tol=0.01, abs_tol=1e-9)), None)
+        if named is not None and named.startswith("a fraction"):
+            return checkpoint(False, "", f"conversion_share = {share:.3g}: {named}")
+        hint = named or hint
     return check_close("the layout conversions' share of the device time", share, expected, rel_tol=0.01, abs_tol=1e-9,
-                       hint="count both directions, NCHW to NHWC and back (cuDNN: nchwToNhwcKernel and "
-                            "nhwcToNchwKernel; MIOpen on AMD: batched_transpose kernels), over the whole table's time")
+                       hint=hint)
+
+
+# Typical wrong speed-ups for removing a fraction of the time (exercise 03.4), each a function of the
+# share, with what it is.
+AMDAHL_SLIPS: tuple[tuple[Callable[[float], float], str], ...] = (
+        (lambda s: 1.0 + s, ("1 + share is only the first term of 1 / (1 - share): the gain grows faster than the "
+                            "share, because the time left shrinks too")),
+        (lambda s: 1.0 - s, ("1 - share is the new time as a fraction of the old one: a speed-up is the old time over "
+                            "the new, its inverse")),
+        (lambda s: 1.0 / (1.0 + s), ("below 1, a slow-down: removing work cannot slow the step; the new time is "
+                                    "(1 - share) of the old one, and the speed-up is old over new")),
+        (lambda s: s / (1.0 - s), "that is the gain (speed-up - 1), not the speed-up: old time over new time"),
+        (lambda s: 1.0 / s, ("1 / share divides by the conversions' share: the step keeps the time that is NOT "
+                            "conversion, 1 - share")),
+        (lambda s: 1.0 / (1.0 - 100.0 * s), "that treats the share as a percent: conversion_share is a fraction (0..1)"),
+)
 
 
 def check_amdahl(predicted_speedup: float, removed_share: float) -> bool:
-    """``predicted_speedup`` is 1 / (1 - removed_share): the step without that fraction of its time."""
+    """``predicted_speedup`` is 1 / (1 - removed_share): the step without that fraction of its time. A wrong
+    value is compared with :data:`AMDAHL_SLIPS` at the same share and the mistake it matches is named."""
     if predicted_speedup is None:
         return checkpoint(False, "", "predicted_cl_speedup is still None: write the formula")
     expected = 1.0 / (1.0 - removed_share)
     hint = "the new time is (1 - share) of the old one, and a speed-up is old time over new time"
-    if removed_share > 0 and math.isclose(predicted_speedup, 1.0 + removed_share, rel_tol=1e-9):
-        hint = "1 + share is only the first term of 1 / (1 - share): " + hint
-    return check_close("the predicted speed-up without the conversions", float(predicted_speedup), expected,
-                       rel_tol=1e-3, hint=hint)
+    value = float(predicted_speedup)
+    if not math.isclose(value, expected, rel_tol=1e-3):
+        for slip, text in AMDAHL_SLIPS:
+            try:
+                slipped = slip(removed_share)
+            except ZeroDivisionError:
+                continue
+            if math.isclose(value, slipped, rel_tol=1e-9) and not math.isclose(slipped, expected, rel_tol=1e-3):
+                hint = text
+                break
+    return check_close("the predicted speed-up without the conversions", value, expected, rel_tol=1e-3, hint=hint)
 
 
 def check_activation_mib(first_conv_mib: float, sizes: pd.DataFrame) -> bool:
@@ -199,8 +290,8 @@ def allocations_summary(by_operator: pd.DataFrame) -> list[str]:
     ranked = by_operator.sort_values("allocated_mib", ascending=False)
     total = float(ranked["allocated_mib"].sum())
     top = ranked.iloc[0]
-    out = [f"{top['operator']} allocates the most: {top['allocated_mib']:,.1f} MiB in {int(top['allocations'])} "
-           f"allocations ({100 * top['allocated_mib'] / total:.0f}% of the {total:,.1f} MiB allocated in the step)."]
+    out = [(f"{top['operator']} allocates the most: {top['allocated_mib']:,.1f} MiB in {int(top['allocations'])} "
+           f"allocations ({100 * top['allocated_mib'] / total:.0f}% of the {total:,.1f} MiB allocated in the step).")]
     for _, row in ranked.iloc[1:].iterrows():
         out.append(f"{row['operator']}: {row['allocated_mib']:,.1f} MiB in {int(row['allocations'])} allocations "
                    f"({100 * row['allocated_mib'] / total:.0f}%), the largest {row['largest_mib']:,.1f} MiB.")

@@ -19,30 +19,60 @@ import pandas as pd
 
 from inference.recorded import RecordedScaling
 from tinyllama.course.bottlenecks import slip_hint
-from tinyllama.course.checkpoints import check_between, check_close, check_equal, checkpoint
+from tinyllama.course.checkpoints import (
+    check_between,
+    check_close,
+    check_equal,
+    checkpoint,
+)
+
+
+def split_slips(recorded: RecordedScaling) -> list[tuple[float, str]]:
+    """Typical wrong global throughputs of exercise 05.1 computed from ``recorded``: (value, what it is)."""
+    medians = recorded.per_rank["median_ms"]
+    slowest = float(medians.max())
+    return [
+        (float(recorded.per_rank["throughput"].sum()),
+         ("That is the sum of the ranks' own rates: the batch is done only when the slowest rank is, so divide "
+         "the global batch by the slowest rank's time.")),
+        (recorded.batch_size / (float(medians.min()) / 1e3),
+         "That uses the fastest rank's time: the batch is done only when the slowest rank is."),
+        (recorded.batch_size / (float(medians.mean()) / 1e3),
+         "That uses the ranks' mean time: the batch is done only when the slowest rank is."),
+        (recorded.batch_size / slowest, ("That divides by milliseconds: the medians are in ms, a rate is per second "
+                                        "(1000x too small).")),
+        (recorded.batch_size // recorded.world_size / (slowest / 1e3),
+         ("That is one rank's rate (its share of the batch over its time): the run's rate counts the whole global "
+         "batch.")),
+        (recorded.batch_size * recorded.world_size / (slowest / 1e3),
+         (f"That counts the global batch {recorded.world_size} times: --batch-size ({recorded.batch_size}) is already "
+         "the batch of all ranks together.")),
+    ]
 
 
 def check_split(per_rank_batch: int, global_throughput: float, recorded: RecordedScaling) -> bool:
     """``per_rank_batch`` = global batch / world size; ``global_throughput`` = global batch over the slowest
-    rank's median time (samples/s), within 0.01%: the sum of the ranks' own rates is close but not it."""
-    ok = check_equal("samples per rank", per_rank_batch, recorded.batch_size // recorded.world_size,
-                     f"--batch-size is the global batch ({recorded.batch_size}): each of the {recorded.world_size} "
-                     "ranks takes an equal share")
+    rank's median time (samples/s), within 0.01%: the sum of the ranks' own rates is close but not it. A
+    wrong throughput is compared with :func:`split_slips` and the mistake it matches is named."""
+    share = recorded.batch_size // recorded.world_size
+    if per_rank_batch == recorded.batch_size:
+        hint = (f"that is the global batch: --batch-size ({recorded.batch_size}) is shared by the "
+                f"{recorded.world_size} ranks, each takes an equal part")
+    elif per_rank_batch == recorded.batch_size * recorded.world_size:
+        hint = (f"that multiplies by the ranks: --batch-size ({recorded.batch_size}) is already the global batch, "
+                f"which the {recorded.world_size} ranks share")
+    else:
+        hint = (f"--batch-size is the global batch ({recorded.batch_size}): each of the {recorded.world_size} ranks "
+                "takes an equal share")
+    ok = check_equal("samples per rank", per_rank_batch, share, hint)
     medians = recorded.per_rank["median_ms"]
     expected = recorded.batch_size / (medians.max() / 1e3)
+    value = float(global_throughput)
     hint = ""
-    if math.isclose(global_throughput, recorded.per_rank["throughput"].sum(), rel_tol=1e-6):
-        hint = ("That is the sum of the ranks' own rates: the batch is done only when the slowest rank is, so divide "
-                "the global batch by the slowest rank's time.")
-    elif math.isclose(global_throughput, recorded.batch_size / (medians.min() / 1e3), rel_tol=1e-6):
-        hint = "That uses the fastest rank's time: the batch is done only when the slowest rank is."
-    elif math.isclose(global_throughput, recorded.batch_size / (medians.mean() / 1e3), rel_tol=1e-6):
-        hint = "That uses the ranks' mean time: the batch is done only when the slowest rank is."
-    else:
-        hint = slip_hint(global_throughput, expected, [(1e-3, "1/1000: the medians are in milliseconds."),
-                                                       (1.0 / recorded.world_size, "the per-rank batch over the time "
-                                                        "gives one rank's rate, not the global one.")])
-    ok &= check_between("global throughput", float(global_throughput), expected * (1 - 1e-4), expected * (1 + 1e-4),
+    if not math.isclose(value, expected, rel_tol=1e-4):
+        hint = next((text for slip, text in split_slips(recorded)
+                     if math.isclose(value, slip, rel_tol=1e-6) and not math.isclose(slip, expected, rel_tol=1e-4)), "")
+    ok &= check_between("global throughput", value, expected * (1 - 1e-4), expected * (1 + 1e-4),
                         "samples/s", hint=hint,
                         why=f"{recorded.batch_size} samples / {medians.max():.4g} ms (the slowest rank's median) = "
                             f"{expected:,.0f} samples/s; the recorded run printed {recorded.global_throughput:,.0f}.")
@@ -89,12 +119,12 @@ def check_allreduce(allreduce_ms: float, exposed_efficiency: Callable[[float], f
     ring = 2 * (k - 1) / k
     ok = check_between("all-reduce time", float(allreduce_ms), 0.99 * expected, 1.01 * expected, "ms",
                        hint=slip_hint(float(allreduce_ms), expected,
-                                      [(1 / ring, f"without the ring's factor 2 (k-1)/k = {ring:.3g}: every GPU sends "
-                                                  "its share out and receives the others' sums back."),
-                                       (1 / bytes_per_parameter, f"the gradient count, not its bytes: each gradient "
-                                                                 f"is {bytes_per_parameter} bytes."),
-                                       (2.0 / bytes_per_parameter, f"as if each gradient were 2 bytes: these are "
-                                                                   f"{bytes_per_parameter} bytes each."),
+                                      [(1 / ring, (f"without the ring's factor 2 (k-1)/k = {ring:.3g}: every GPU sends "
+                                                  "its share out and receives the others' sums back.")),
+                                       (1 / bytes_per_parameter, (f"the gradient count, not its bytes: each gradient "
+                                                                 f"is {bytes_per_parameter} bytes.")),
+                                       (2.0 / bytes_per_parameter, (f"as if each gradient were 2 bytes: these are "
+                                                                   f"{bytes_per_parameter} bytes each.")),
                                        (1e3, "1000x: GB/s is 10^9 bytes per second, and the answer is in ms."),
                                        (1e-3, "1/1000: the answer is in milliseconds."),
                                        (8.0, "8x: bytes, not bits.")]),

@@ -119,8 +119,10 @@ def _ranges_hint(launches: pd.DataFrame, capture_range: str) -> str:
 def check_like_with_like(torch_side: pd.DataFrame, launches: pd.DataFrame, selected: pd.DataFrame,
                          per_forward: int) -> bool:
     """``torch_side`` (PyTorch-profiler launches to compare with ncu's ``selected`` ones) comes from the
-    same range and holds the same positions in the forward (``index % per_forward``), over several
-    iterations (so that a median can be taken)."""
+    same range and holds the same positions in the forward (``index % per_forward``), in every iteration
+    of that range (so that a median can be taken). A wrong selection is compared with the typical ones
+    (by kernel name, the whole forward, the run's launch numbers, one iteration) and the one it
+    reproduces is named."""
     if torch_side.empty:
         return checkpoint(False, "", "your selection is empty: keep the PyTorch profiler's launches that match ncu's")
     if selected.empty:
@@ -132,13 +134,35 @@ def check_like_with_like(torch_side: pd.DataFrame, launches: pd.DataFrame, selec
                                      + (f": {extra}" if extra else "") + ". Compare the same phase of the run.")
     wanted = set(selected["index"] % per_forward)
     mine = set(torch_side["index"] % per_forward)
+    phase = launches[launches["range"].isin(wanted_ranges)]
     if mine != wanted:
         more, missing = len(mine - wanted), len(wanted - mine)
+        by_name = set(phase.loc[phase["kernel"].isin(set(selected["kernel"])), "index"] % per_forward)
+        by_launch = set(selected["launch"] % per_forward) if "launch" in selected else set()
+        if mine == by_name:
+            why = (f"that selects by kernel name: {more} more launch(es) of the same kernels run at other layers, on "
+                   "other shapes, and their times are not the ones ncu measures. Select by position in the forward "
+                   "(index % launches per forward)")
+        elif mine == set(phase["index"] % per_forward):
+            why = (f"that is the whole forward, all {len(mine)} positions: ncu profiles only {len(wanted)} launches; "
+                   "keep the rows at the positions of `selected`")
+        elif by_launch and mine == by_launch and by_launch != wanted:
+            why = ("those positions come from `launch`, the launch's number in the whole run: the reference and "
+                   "the warm-up launch before the timed range, so its count is shifted. Use `index`, the number "
+                   "within the range")
+        else:
+            why = ("the same kernel name runs at many layers with different shapes: compare the same launches, "
+                   "position by position (index % launches per forward)")
         return checkpoint(False, "", f"your launches sit at {len(mine)} positions of the forward, ncu's at "
-                                     f"{len(wanted)} ({more} extra, {missing} missing). The same kernel name runs "
-                                     "at many layers with different shapes: compare the same launches, position "
-                                     "by position (index % launches per forward).")
+                                     f"{len(wanted)} ({more} extra, {missing} missing): {why}.")
     iterations = torch_side["index"] // per_forward
+    at_positions = phase[(phase["index"] % per_forward).isin(wanted)]
+    available = (at_positions["index"] // per_forward).nunique()
+    if iterations.nunique() < available:
+        return checkpoint(False, "", f"your launches come from {iterations.nunique()} of the {available} iterations "
+                                     f"of the '{min(wanted_ranges)}' range: one iteration's time is one sample. "
+                                     "Keep those positions in every iteration (select by index % launches per "
+                                     "forward, not by index), so that a median can be taken")
     return checkpoint(True, f"the same {len(wanted)} launches of the forward, from {iterations.nunique()} "
                             "timed iteration(s): like with like", "")
 
@@ -191,11 +215,11 @@ def explanation_cases(counters: pd.DataFrame) -> list[tuple[str, pd.Series, str]
 
     cases += [
         ("a synthetic kernel that reuses its data in L1/L2", synthetic(48.0, 84.0, 22.0, 70.0),
-         "DRAM is at 22% but the memory system as a whole (its caches) at 84%: read memory_pct, the busiest "
-         "memory unit, not only DRAM's share"),
+         ("DRAM is at 22% but the memory system as a whole (its caches) at 84%: read memory_pct, the busiest "
+         "memory unit, not only DRAM's share")),
         ("a synthetic kernel with little work per launch", synthetic(18.0, 35.0, 34.0, 20.0),
-         f"memory is ahead of the SMs, but at 35% of its peak it is not busy: below {vendor.HIGH_PCT:.0f}% on both "
-         "sides the kernel is waiting (latency), not limited by either unit"),
+         (f"memory is ahead of the SMs, but at 35% of its peak it is not busy: below {vendor.HIGH_PCT:.0f}% on both "
+         "sides the kernel is waiting (latency), not limited by either unit")),
         ("a synthetic GEMM-like kernel", synthetic(88.0, 72.0, 40.0, 25.0),
          "both units are busy; the SMs are the busier (88% against 72%): compute-bound"),
     ]
