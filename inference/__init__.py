@@ -16,14 +16,13 @@ from typing import Any
 
 from inference.benchmark import BenchmarkResult, CheckFailedError, OutOfMemoryError, run_benchmark
 from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
-from inference.networks import NetworkSpec, UnknownNetworkError, get_spec, list_networks
 from inference.memory import LiveBytesBudget, memory_budget
-from inference.precision import (MANTISSA_BITS, AccuracyReport, compare_precisions, ran_as, round_to_mantissa,
-                                 tf32_mode)
+from inference.networks import NetworkSpec, UnknownNetworkError, get_spec, list_networks
+from inference.precision import MANTISSA_BITS, AccuracyReport, compare_precisions, ran_as, round_to_mantissa, tf32_mode
 from inference.profilers import FlopsProfile, MissingDependencyError
 from inference.results import results_frame
-from tinyllama.records import append_csv, append_json, load_json
 from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, run_many, sweep_batch_sizes
+from tinyllama.harness.records import append_csv, append_json, load_json
 
 __all__ = [
     "AccuracyReport", "BenchmarkConfig", "BenchmarkError", "BenchmarkResult", "CheckFailedError", "ConfigError",

@@ -15,10 +15,19 @@ from typing import Sequence
 
 from inference import distributed, networks, profilers, sweep
 from inference.benchmark import BenchmarkResult, run_benchmark
-from inference.config import (COMPILE_MODES, INFERENCE_PRECISIONS, MODE_WORK, MODES, ORIGINAL_DEFAULT_MODE,
-                              BenchmarkConfig, BenchmarkError, ConfigError, parse_compile_context)
+from inference.config import (
+    COMPILE_MODES,
+    INFERENCE_PRECISIONS,
+    MODE_WORK,
+    MODES,
+    ORIGINAL_DEFAULT_MODE,
+    BenchmarkConfig,
+    BenchmarkError,
+    ConfigError,
+    parse_compile_context,
+)
 from inference.results import resolve
-from tinyllama.records import append_csv, append_json
+from tinyllama.harness.records import append_csv, append_json
 
 
 def build_parser() -> argparse.ArgumentParser:

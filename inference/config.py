@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.straggler import check_straggler
-from tinyllama.errors import BenchmarkError, ConfigError
-from tinyllama.settings import COMPILE_MODES
+from tinyllama.config import COMPILE_MODES, BenchmarkError, ConfigError
 
 MODES = ("inference", "training")
 # What each mode times, for the run's header. The original micro_benchmarking_pytorch.py defaults to
@@ -24,7 +23,7 @@ MODES = ("inference", "training")
 MODE_WORK = {"inference": "eval mode, torch.inference_mode, forward only",
              "training": "forward, loss, backward and an SGD step"}
 ORIGINAL_DEFAULT_MODE = "training"
-# Not tinyllama.settings.PRECISIONS: inference casts the whole network (fp16, bf16) or autocasts (amp).
+# Not tinyllama.config.PRECISIONS: inference casts the whole network (fp16, bf16) or autocasts (amp).
 INFERENCE_PRECISIONS = ("fp32", "fp16", "bf16", "amp")
 # Keys of torch.compile that --compileContext may set.
 COMPILE_KEYS = ("mode", "options", "fullgraph", "dynamic", "backend", "disable")

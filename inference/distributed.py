@@ -4,18 +4,25 @@
 address; by hand, ``--distributed_dataparallel --rank R --world-size N --dist-url tcp://HOST:PORT``
 does the same for one process. The global batch is split evenly across the processes. NCCL is used
 on GPUs (RCCL on AMD, under the same name) and gloo on the CPU. What every multi-process harness shares
-(the context, joining, gathering) is ``tinyllama.process_group``.
+(the context, joining, gathering) is ``tinyllama.harness.process_group``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tinyllama import device as dev
-from tinyllama.process_group import (DistContext, barrier, current, from_environment, gather, join, launched_by_torchrun,
-                                     teardown)
-
 from inference.config import BenchmarkError, ConfigError
+from tinyllama import device as dev
+from tinyllama.harness.process_group import (
+    DistContext,
+    barrier,
+    current,
+    from_environment,
+    gather,
+    join,
+    launched_by_torchrun,
+    teardown,
+)
 
 
 def resolve_device(name: str | None) -> torch.device:

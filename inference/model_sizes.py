@@ -1,6 +1,6 @@
 """torch.compile across model sizes: eager, compiled and compiled with freezing, network by network.
 
-``gpu/inference_models_gpu.py`` runs ResNet-18, -50, -152 and ViT-B/16 in fp16 channels-last at two batch
+``benchmarks/gpu/inference_models_gpu.py`` runs ResNet-18, -50, -152 and ViT-B/16 in fp16 channels-last at two batch
 sizes, each network eager, compiled (default) and compiled with Inductor's freezing, one process per
 GPU, every run checked against fp32 eager before it is timed, and writes one JSON file: the device,
 date, commit and software, and the records ``python -m inference --json`` writes (one per run, with a
@@ -22,9 +22,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from inference.recorded import record_path
-from tinyllama.records import packaged_record
-from tinyllama.timing import verdict
-from tinyllama.timing import Stats
+from tinyllama.harness.records import packaged_record
+from tinyllama.timing import Stats, verdict
 
 NETWORKS = ("resnet18", "resnet50", "resnet152", "vit_b_16")
 CONFIGURATIONS = ("eager", "compile", "compile + freeze")
@@ -50,14 +49,14 @@ class RecordedSizes:
 
 
 def load_model_sizes(path: str | os.PathLike[str] | None = None) -> RecordedSizes:
-    """Read a file written by ``gpu/inference_models_gpu.py`` (default: the newest run of the shipped
+    """Read a file written by ``benchmarks/gpu/inference_models_gpu.py`` (default: the newest run of the shipped
     record ``inference/data/inference_models.json``). Raises ``FileNotFoundError`` when there is none and
     ``ValueError`` naming what is missing from a file that is not such a record."""
     if path is None:
         runs = packaged_record("inference", TOPIC)
         if not runs:
             raise FileNotFoundError(f"no recorded model-size run (inference/data/{TOPIC}.json is empty): "
-                                    "gpu/inference_models_gpu.py appends one on a GPU")
+                                    "benchmarks/gpu/inference_models_gpu.py appends one on a GPU")
         path, data = record_path(TOPIC), runs[-1]["data"]
     else:
         path = Path(path)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from inference.config import KINETO_ACTIVE, KINETO_WAIT, KINETO_WARMUP, BenchmarkError
-from tinyllama.records import unique_path
+from tinyllama.harness.records import unique_path
 
 
 def activities(device: torch.device) -> list[Any]:

@@ -5,7 +5,7 @@ the two-GPU run recorded on a node with two (``--json`` of ``torchrun ... -m inf
 rank). :func:`load_scaling_record` reads such a run, checks that it is one complete run, and returns its
 figures labelled with the device, the date and the software they were measured with. Nothing is
 re-measured: these are another machine's numbers, to be read as such. The runs ship with the package
-(``inference/data/inference_scaling.json``, a record of runs as ``tinyllama.records`` writes it), so a
+(``inference/data/inference_scaling.json``, a record of runs as ``tinyllama.harness.records`` writes it), so a
 course installed without its checkout has them.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from tinyllama.records import load_json, packaged_record
+from tinyllama.harness.records import load_json, packaged_record
 
-# The topic record of the scaling runs (package data of ``inference``); gpu/inference_scaling_gpu.py appends to it.
+# The topic record of the scaling runs (package data of ``inference``); benchmarks/gpu/inference_scaling_gpu.py appends to it.
 SCALING_TOPIC = "inference_scaling"
 # The two-GPU torchrun run of ResNet-50 inference (2 x H200, 2026-11-22), shown by notebook 05: its run's source.
 TWO_GPU_RECORD = "2026-11-22_2xh200_inference_torchrun.json"
@@ -124,7 +124,7 @@ def load_scaling_record(path: str | os.PathLike[str] | None = None) -> RecordedS
 
 # ---------------------------------------------------------------------------------------------
 # The scaling study: several networks, both modes, 1-4 GPUs, the all-reduce and a straggler
-# (gpu/inference_scaling_gpu.py), one JSON object per file.
+# (benchmarks/gpu/inference_scaling_gpu.py), one JSON object per file.
 # ---------------------------------------------------------------------------------------------
 
 _RUN_KEYS = ("network", "mode", "world_size", "rank", "local_batch_size", "batch_size", "median_ms", "spread_pct",
@@ -209,7 +209,7 @@ def straggler_table(runs: pd.DataFrame | list[dict], mode: str) -> pd.DataFrame:
 
 
 def load_scaling_study(path: str | os.PathLike[str]) -> ScalingStudy:
-    """Read a study written by ``gpu/inference_scaling_gpu.py``; ``ValueError`` naming what is wrong when it is
+    """Read a study written by ``benchmarks/gpu/inference_scaling_gpu.py``; ``ValueError`` naming what is wrong when it is
     not one, or when a run misses a rank."""
     path = Path(path)
     return _study(json.loads(path.read_text()), path)
@@ -221,7 +221,7 @@ def _is_study(data: object) -> bool:
 
 def _study(data: object, path: Path) -> ScalingStudy:
     if not _is_study(data):
-        raise ValueError(f"{path}: not a scaling study of gpu/inference_scaling_gpu.py")
+        raise ValueError(f"{path}: not a scaling study of benchmarks/gpu/inference_scaling_gpu.py")
     runs = pd.DataFrame([{key: r.get(key) for key in (*_RUN_KEYS, "launch")} for r in data.get("runs", [])])
     if runs.empty:
         raise ValueError(f"{path}: the study holds no runs")

@@ -1,5 +1,5 @@
 """The inference benchmark's results as files and tables: where a results file goes (``--output-dir``)
-and a pandas table of results. Appending and loading are ``tinyllama.records``' (shared by both
+and a pandas table of results. Appending and loading are ``tinyllama.harness.records``' (shared by both
 benchmarks)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from tinyllama.records import ResultsFileError, append_csv, append_json, load_json, unique_path
+from tinyllama.harness.records import ResultsFileError, append_csv, append_json, load_json, unique_path
 
 __all__ = ["ResultsFileError", "append_csv", "append_json", "load_json", "resolve", "results_frame", "unique_path"]
 

@@ -14,7 +14,7 @@ so the same plan is the same work per GPU on 1, 2 or 4 GPUs: weak scaling), for 
 the slowest median of the latest earlier run of the same network and mode without a straggler (a delay
 that is the same share of the step in inference and in training). Every process runs every entry in order (:func:`inference.benchmark.run_benchmark`:
 checked against fp32 eager, warmed up, timed); rank 0 writes ``{"runs": [every rank's record of every
-entry], "allreduce": [...]}`` (``tinyllama.allreduce`` with ``--allreduce-sizes-mib``, 2 or more processes).
+entry], "allreduce": [...]}`` (``tinyllama.harness.allreduce`` with ``--allreduce-sizes-mib``, 2 or more processes).
 A run that fails stops the launch with its error: the others would wait for it at the next collective.
 """
 
@@ -33,8 +33,8 @@ import torch
 from inference import distributed
 from inference.benchmark import run_benchmark
 from inference.config import BenchmarkConfig, BenchmarkError, ConfigError
-from tinyllama import allreduce
 from tinyllama import device as dev
+from tinyllama.harness import allreduce
 
 _FIELDS = {f.name for f in dataclasses.fields(BenchmarkConfig)}
 

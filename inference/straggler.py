@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from tinyllama import device as dev
-from tinyllama.errors import ConfigError
+from tinyllama.config import ConfigError
 
 _CALIBRATION_CYCLES = 2_000_000  # about a millisecond at GPU clocks: long against the launch, short to wait for
 

@@ -15,7 +15,7 @@ from inference.benchmark import BenchmarkResult, OutOfMemoryError, run_benchmark
 from inference.config import BenchmarkConfig, ConfigError
 from inference.distributed import resolve_device
 from inference.memory import memory_budget
-from tinyllama.anatomy import BatchSearch, largest_batch
+from tinyllama.costs.anatomy import BatchSearch, largest_batch
 
 Runner = Callable[[BenchmarkConfig], BenchmarkResult]
 
@@ -87,7 +87,7 @@ def sweep_batch_sizes(config: BenchmarkConfig, batch_sizes: Iterable[int], runne
 
 @dataclass
 class MaxBatchResult(BatchSearch):
-    """:class:`tinyllama.anatomy.BatchSearch` of a network, with the full benchmark at the largest
+    """:class:`tinyllama.costs.anatomy.BatchSearch` of a network, with the full benchmark at the largest
     batch that fits (``result``; ``None`` when no full run was asked for or none completed), and the
     memory budget the search ran under (``memory_budget_bytes``; ``None``: the whole device).
 
@@ -134,7 +134,7 @@ def find_max_batch_size(config: BenchmarkConfig, start: int | None = None, limit
     """Double the batch from ``start`` (default: ``config.batch_size``) until it runs out of memory or
     passes ``limit``, then bisect between the last size that fit and the first that did not, until
     they are within ``resolution`` (a fraction of the smaller; 0: exactly)
-    (:func:`tinyllama.anatomy.largest_batch`). Each probe is a short run (1 warm-up, 1 timed
+    (:func:`tinyllama.costs.anatomy.largest_batch`). Each probe is a short run (1 warm-up, 1 timed
     iteration, no check); with ``benchmark_largest`` the largest size that fits is then benchmarked
     with ``config``'s own settings (``result``). A full run does more than a probe (the reference
     check, more iterations, other convolution algorithms) and can run out of memory where the probe

@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from tinyllama.bench import BenchmarkError, TrainingStep, main, make_batches, run_benchmark
-from tinyllama.checks import CorrectnessError, check_every_parameter_trained
 from tinyllama.config import get_preset
-from tinyllama.flops import counted_training_flops, training_flops
+from tinyllama.correctness import CorrectnessError, check_every_parameter_trained
+from tinyllama.costs.flops import counted_training_flops, training_flops
+from tinyllama.harness.bench import BenchmarkError, TrainingStep, main, make_batches, run_benchmark
 from tinyllama.models import build, lm_loss
 
 
@@ -105,7 +105,7 @@ def test_bad_settings_give_one_line_errors():
 
 
 def test_out_of_memory_becomes_advice(monkeypatch):
-    import tinyllama.bench as bench
+    import tinyllama.harness.bench as bench
 
     def explode(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -138,13 +138,13 @@ def test_cli_bad_flags_exit_nonzero_with_one_line(args, message, capsys):
 
 
 def test_the_module_runs_as_a_command():
-    done = subprocess.run([sys.executable, "-m", "tinyllama.bench", "--help"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "tinyllama.harness.bench", "--help"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "--preset" in done.stdout
 
 
 def test_the_command_line_trains_on_text_with_accumulation_and_checkpointing(capsys):
-    from tinyllama.bench import main
+    from tinyllama.harness.bench import main
 
     assert main(["--preset", "ci", "--data", "text", "--batch-size", "2", "--seq-len", "16", "--accumulation-steps",
                  "2", "--gradient-checkpointing", "--num-steps", "2", "--warmup-steps", "1", "--quiet"]) == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyllama.records import RUN_KEYS, append_json, load_json, packaged_record, run_record
+from tinyllama.harness.records import RUN_KEYS, append_json, load_json, packaged_record, run_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_FOLDERS = [ROOT / "benchmarks" / "records", ROOT / "inference" / "data", ROOT / "tinyllama" / "course" / "data"]

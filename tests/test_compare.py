@@ -1,4 +1,4 @@
-"""``tinyllama.compare``: run specs, the check before timing, GEMM evidence, records, regressions."""
+"""``tinyllama.harness.compare``: run specs, the check before timing, GEMM evidence, records, regressions."""
 
 import copy
 import json
@@ -10,8 +10,8 @@ from conftest import GPU
 
 matplotlib.use("Agg")
 
-from tinyllama import compare as cmp  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
+from tinyllama.harness import compare as cmp  # noqa: E402
 from tinyllama.models import build, v2_fused  # noqa: E402
 
 LAYERS = get_preset("ci").model.num_layers
@@ -147,7 +147,7 @@ def test_ceilings_are_measured_on_a_gpu_unless_given(monkeypatch):
     from types import SimpleNamespace
 
     measured = []
-    monkeypatch.setattr("tinyllama.ceilings.measure_matmul_tflops",
+    monkeypatch.setattr("tinyllama.costs.ceilings.measure_matmul_tflops",
                         lambda precision, device=None: measured.append(precision) or SimpleNamespace(value=100.0))
     assert cmp.resolve_ceilings({}, ["fp32", "bf16"], torch.device("cpu")) == {}
     assert measured == []
@@ -294,8 +294,8 @@ def test_gemm_kernel_names_of_both_vendors():
 
 
 def test_gpu_runs_are_valid_and_a_record_is_judged(result):
-    """The GPU measurement (gpu/compare_gpu.py): its run list parses, and its judgement reads a record."""
-    from tinyllama.comparison import targets as script
+    """The GPU measurement (benchmarks/gpu/compare_gpu.py): its run list parses, and its judgement reads a record."""
+    from tinyllama.harness.comparison import targets as script
 
     labels = [s.label for s in cmp.expand_runs(script.default_runs())]
     assert labels[0] == "v1:fp32" and labels[-3:] == ["v4[cuda_graph=0]:bf16", "v4[compile_mode=reduce-overhead]:bf16",
@@ -361,7 +361,7 @@ def test_compiled_v3_is_checked_against_v1_and_timed():
 
 
 def test_v3_targets_are_judged_against_v4(result):
-    from tinyllama.comparison import targets as script
+    from tinyllama.harness.comparison import targets as script
 
     record = copy.deepcopy(result.record)
     v4 = next(r for r in record["runs"] if r["label"] == "v4[compile=0]:bf16")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tinyllama import device as dev
-from tinyllama.ceilings import Ceiling
+from tinyllama.costs.ceilings import Ceiling
 from tinyllama.course import environment as env
 from tinyllama.course.profile import PROFILES
 from tinyllama.timing import summarize

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tinyllama import device as dev
+from tinyllama.costs.memory_estimate import allocator_peaks
 from tinyllama.course import finetune_microbench as micro
 from tinyllama.data import build_corpus
-from tinyllama.memory_estimate import allocator_peaks
 
 CPU = torch.device("cpu")
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tinyllama import config, settings
+from tinyllama import config
 from tinyllama.course import profile as prof
 from tinyllama.course import session
 
@@ -70,7 +70,7 @@ def test_profile_sizes_are_consistent(name):
     config.get_preset(p.tinyllama_preset)  # raises for an unknown preset
     # Notebook 00 sweeps up to the ceiling's size and starts its slider there.
     assert list(p.matmul_sweep) == sorted(p.matmul_sweep) and p.matmul_sweep[-1] == p.matmul_size
-    assert set(p.matmul_precisions) <= set(settings.PRECISIONS)
+    assert set(p.matmul_precisions) <= set(config.PRECISIONS)
     assert p.inference_batch_size in p.inference_batch_sizes
     assert p.as_dict()["name"] == name
 

@@ -3,13 +3,11 @@ the eager step (same losses, same weights) while the batch changes from step to 
 
 import pytest
 import torch
-
 from conftest import GPU
 
-from tinyllama import bench
 from tinyllama.config import get_preset
+from tinyllama.harness import bench
 from tinyllama.models import build, transfer_weights
-
 
 
 def _tiny(version="v1", **options):
@@ -88,7 +86,7 @@ def test_v4_replays_its_step_by_default_where_a_replay_is_possible():
 
 
 def test_run_benchmark_on_the_cpu_runs_v4_eagerly_by_default():
-    from tinyllama.bench import run_benchmark
+    from tinyllama.harness.bench import run_benchmark
 
     result = run_benchmark("v4", "ci", precision="fp32", num_steps=1, warmup_steps=0, device="cpu",
                            model_options={"compile": False}, progress=False)

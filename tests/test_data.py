@@ -4,9 +4,8 @@ whose batches do not depend on its number of workers; on this text the loss fall
 import pytest
 import torch
 
-from tinyllama.bench import run_benchmark
-from tinyllama.data import (ByteTokenizer, TokenWindows, build_corpus, make_loader, stdlib_files,
-                            validation_batches)
+from tinyllama.data import ByteTokenizer, TokenWindows, build_corpus, make_loader, stdlib_files, validation_batches
+from tinyllama.harness.bench import run_benchmark
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import torch
 from conftest import GPU
 
 from tinyllama import device as dev
-from tinyllama.ceilings import measure_copy_tbs, measure_matmul_tflops
+from tinyllama.costs.ceilings import measure_copy_tbs, measure_matmul_tflops
 from tinyllama.timing import PhaseTimer, summarize, time_callable
 
 

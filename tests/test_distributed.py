@@ -1,4 +1,4 @@
-"""Data-parallel training (tinyllama.distributed) on the CPU with gloo and two ranks: DDP and FSDP2 on
+"""Data-parallel training (tinyllama.harness.distributed) on the CPU with gloo and two ranks: DDP and FSDP2 on
 disjoint halves of each global batch reproduce one process on the whole batch at every step, the
 bad settings stop every rank with one line before anyone waits, and a rank that fails ends the
 others with an error within the timeout.
@@ -24,10 +24,17 @@ import torch
 import torch._dynamo  # noqa: F401  (AdamW imports it on first use: seconds in every forked rank otherwise)
 
 from tinyllama import device as dev
-from tinyllama import distributed, process_group
-from tinyllama.distributed import (SyntheticTokens, _cpu_requested, fsdp_available, main, model_state_bytes,
-                                   rank_loader, run_distributed)
-from tinyllama.process_group import DistContext
+from tinyllama.harness import distributed, process_group
+from tinyllama.harness.distributed import (
+    SyntheticTokens,
+    _cpu_requested,
+    fsdp_available,
+    main,
+    model_state_bytes,
+    rank_loader,
+    run_distributed,
+)
+from tinyllama.harness.process_group import DistContext
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = dict(preset="ci", batch_size=4, seq_len=16, num_steps=4, warmup_steps=1, seed=3, progress=False)
@@ -178,7 +185,7 @@ def test_a_failing_rank_ends_every_rank_with_an_error_within_the_timeout(tmp_pat
 def _torchrun(*flags: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "tinyllama.distributed", "--preset", "ci", "--device", "cpu", "--quiet", *flags],
+                           "-m", "tinyllama.harness.distributed", "--preset", "ci", "--device", "cpu", "--quiet", *flags],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
@@ -408,8 +415,12 @@ def test_saved_chrome_traces_of_two_ranks_give_the_same_figures(tmp_path):
 
 
 def test_impossible_communication_figures_are_flagged():
-    from tinyllama.profiling.communication import (CommunicationTime, ImpossibleFigures, StepCommunication,
-                                                   check_physical)
+    from tinyllama.profiling.communication import (
+        CommunicationTime,
+        ImpossibleFigures,
+        StepCommunication,
+        check_physical,
+    )
 
     def rank(r, communication, transfer, exposed, step_ms=30.0):
         return CommunicationTime(rank=r, on_device=True, steps=[StepCommunication(
@@ -462,7 +473,7 @@ def test_the_summary_and_records_carry_each_ranks_split_within_its_profiled_step
 def _bf16_fsdp_rank(rank: int, folder: Path) -> int:
     """FSDP2 under wrap's bf16 policy: what a block computes with, what AdamW updates, what is reduced."""
     from tinyllama.config import get_preset
-    from tinyllama.distributed import wrap
+    from tinyllama.harness.distributed import wrap
     from tinyllama.models import build
 
     process_group.join(torch.device("cpu"), backend="gloo", timeout_s=30)
@@ -501,7 +512,7 @@ def test_fsdp2_in_bf16_gathers_bf16_weights_and_keeps_fp32_shards(tmp_path):
 
 
 def test_communication_bytes_with_bf16_gathers():
-    from tinyllama.distributed import communication_bytes, gathered_bytes
+    from tinyllama.harness.distributed import communication_bytes, gathered_bytes
 
     assert gathered_bytes("bf16") == 2 and gathered_bytes("fp32") == gathered_bytes("fp16") == 4
     assert gathered_bytes("bf16", "fsdp-fp32") == 4 and communication_bytes(1000, "fsdp-fp32", 4) == 9_000
@@ -513,8 +524,8 @@ def test_communication_bytes_with_bf16_gathers():
 
 # ---- variants, ZeRO arithmetic, named lanes ------------------------------------------------------------
 
-from tinyllama.distributed import check_strategy, communication_bytes, parse_strategy, zero_state_bytes  # noqa: E402
-from tinyllama.errors import ConfigError  # noqa: E402
+from tinyllama.config import ConfigError  # noqa: E402
+from tinyllama.harness.distributed import check_strategy, communication_bytes, parse_strategy, zero_state_bytes  # noqa: E402
 
 
 def test_a_variant_is_read_from_its_text_and_a_bad_one_is_refused():

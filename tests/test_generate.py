@@ -9,15 +9,25 @@ import json
 
 import pytest
 import torch
-
 from conftest import GPU
 
 import tinyllama.generation.cache as cache_module
 from tinyllama.config import get_preset
-from tinyllama.generate import main
-from tinyllama.generation import (CachedDecoder, KVCache, Recompute, Sampling, cast_for_inference, check_generation,
-                                  decode_bytes, decode_flops, decode_loop, generate, teacher_forced_logits)
+from tinyllama.generation import (
+    CachedDecoder,
+    KVCache,
+    Recompute,
+    Sampling,
+    cast_for_inference,
+    check_generation,
+    decode_bytes,
+    decode_flops,
+    decode_loop,
+    generate,
+    teacher_forced_logits,
+)
 from tinyllama.generation.benchmark import check_init_std, markdown_table
+from tinyllama.harness.generate import main
 from tinyllama.models import VERSIONS, build, model_class, transfer_weights
 
 CONFIG = get_preset("ci").model

@@ -28,8 +28,8 @@ from inference import scaling, scaling_figures, straggler
 from inference.benchmark import run_benchmark
 from inference.cli import build_parser, config_from_args
 from inference.config import BenchmarkConfig, ConfigError
-from tinyllama import allreduce, process_group
-from tinyllama.records import append_json, packaged_record, run_record
+from tinyllama.harness import allreduce, process_group
+from tinyllama.harness.records import append_json, packaged_record, run_record
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,7 +331,7 @@ def test_the_figures_are_labelled(study):
 
 
 def test_the_gpu_script_plans_both_modes_of_every_network():
-    spec = importlib.util.spec_from_file_location("inference_scaling_gpu", ROOT / "gpu" / "inference_scaling_gpu.py")
+    spec = importlib.util.spec_from_file_location("inference_scaling_gpu", ROOT / "benchmarks" / "gpu" / "inference_scaling_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     full = module.settings(False, 0.0)

@@ -12,7 +12,6 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
 from conftest import DEVICE
 
 from tinyllama import kernels
@@ -166,8 +165,8 @@ def test_launch_cost_calls_give_the_same_results_both_ways():
     """Each call the launch-cost benchmark times returns the same tensors through the remembered
     launch and through Triton's own path (what the benchmark compares is the same work)."""
     from tinyllama.config import get_preset
+    from tinyllama.harness.launch_costs import launch_calls
     from tinyllama.kernels._triton import triton_launch_path
-    from tinyllama.kernels.launch_costs import launch_calls
 
     calls = launch_calls(get_preset("ci").model, torch.float32, torch.device(DEVICE), tokens=5)
     names = [name for name, _, ours, _ in calls if ours]
@@ -186,7 +185,7 @@ def test_launch_cost_calls_give_the_same_results_both_ways():
 def test_the_launch_target_is_judged_on_the_worst_remembered_launch():
     import pandas as pd
 
-    from tinyllama.kernels.launch_costs import check_target
+    from tinyllama.harness.launch_costs import check_target
 
     frame = pd.DataFrame([
         {"call": "a", "path": "remembered", "us_per_launch": 12.0},
@@ -222,8 +221,8 @@ def test_an_empty_launch_hook_chain_is_skipped_and_a_filled_one_kept():
 def test_launch_costs_interleave_their_rounds_and_divide_by_the_yardsticks_of_the_same_run(monkeypatch):
     # Each round times every call once (a host that slows down mid-run slows every row alike), and
     # vs_plain / vs_rms_norm are each row's time per launch over the yardsticks' of the same run.
-    from tinyllama.kernel_costs import LaunchCost
-    from tinyllama.kernels import launch_costs as lc
+    from tinyllama.costs.kernel_costs import LaunchCost
+    from tinyllama.harness import launch_costs as lc
     from tinyllama.timing import summarize
 
     order = []

@@ -5,8 +5,16 @@ import pytest
 import torch
 
 from tinyllama.config import make_config
-from tinyllama.memory_estimate import (CHECKPOINT_TERM, Layout, activation_terms, block_terms, compare_terms,
-                                       estimate_memory, measure_activation_terms, model_layout)
+from tinyllama.costs.memory_estimate import (
+    CHECKPOINT_TERM,
+    Layout,
+    activation_terms,
+    block_terms,
+    compare_terms,
+    estimate_memory,
+    measure_activation_terms,
+    model_layout,
+)
 from tinyllama.models import build
 from tinyllama.profiling.memory import memory_breakdown
 from tinyllama.training import TrainingStep, make_batches

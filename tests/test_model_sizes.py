@@ -1,5 +1,5 @@
 """The model-size record (inference.model_sizes) read back as recorded: a real CPU smoke run of
-gpu/inference_models_gpu.py (tests/data/inference_models_cpu_smoke.json), its table and verdicts, and clear
+benchmarks/gpu/inference_models_gpu.py (tests/data/inference_models_cpu_smoke.json), its table and verdicts, and clear
 errors for files that are not such a record."""
 
 from __future__ import annotations

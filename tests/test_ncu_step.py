@@ -1,4 +1,4 @@
-"""ncu on a training step (``tinyllama.profiling.ncu_step``, used by gpu/profiling_gpu.py), run
+"""ncu on a training step (``tinyllama.profiling.ncu_step``, used by benchmarks/gpu/profiling_gpu.py), run
 against a stand-in ncu that writes a sample in ncu's format."""
 
 import stat

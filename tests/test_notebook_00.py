@@ -2,13 +2,14 @@
 WORKSHOP_STRICT=1), and an unanswered exercise (the participant's skeleton returns None) is said so
 without a traceback, because the browser test runs the participant's copy to its verdict untouched."""
 
-import nbformat
 import re
 
+import nbformat
 import pytest
-
 from notebook_exercises import SolutionExercises
-from tinyllama import ceilings, course
+
+from tinyllama import course
+from tinyllama.costs import ceilings
 from tinyllama.course import rate_checks
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.results import checkout_root

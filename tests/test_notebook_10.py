@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from tinyllama import anatomy, bench
 from tinyllama.config import get_preset
+from tinyllama.costs import anatomy
 from tinyllama.course import baseline_checks as bc
 from tinyllama.course import baseline_memory as bm
 from tinyllama.course import baseline_plots as bp
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.results import checkout_root
+from tinyllama.harness import bench
 from tinyllama.models import build
 from tinyllama.timing import Band, verdict
 
@@ -183,7 +184,7 @@ def test_saved_bytes_from_the_shapes_are_the_exercise_formula_and_the_local_slop
         assert row["local log-log slope"] == pytest.approx(numeric, abs=2e-3)
         # the S^2 part is every layer's softmax output (fp32) and causal mask (1 byte)
         assert row["S^2 part MiB"] * 2**20 == config.num_layers * (4 * config.num_heads * s * s * 4 + s * s)
-        # the FLOP share: the attention products of tinyllama.flops
+        # the FLOP share: the attention products of tinyllama.costs.flops
         attention = 12 * config.num_layers * s * config.hidden_dim
         assert row["S^2 share of FLOPs"] == pytest.approx(attention / flops(config, s), rel=1e-9)
     assert terms["S^2 share of saved"].is_monotonic_increasing

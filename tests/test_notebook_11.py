@@ -4,10 +4,10 @@ module-by-module profile attributes forward and backward work to the modules tha
 import pytest
 import torch
 
-from tinyllama.bench import TrainingStep, make_batches
 from tinyllama.config import get_preset
 from tinyllama.course import bottlenecks
 from tinyllama.course.checkpoints import CheckpointFailed
+from tinyllama.harness.bench import TrainingStep, make_batches
 from tinyllama.models import build
 from tinyllama.profiling import modules
 
@@ -137,7 +137,7 @@ def test_profile_credits_forward_and_backward_to_their_modules():
     assert ops["time_ms"].sum() == pytest.approx(operators.loc[operators["kind"] == "operator", "self_cpu_ms"].sum(),
                                                  rel=1e-6)
     # FLOPs: the profiler's matmul estimate covers the analytic count of a step
-    from tinyllama import flops
+    from tinyllama.costs import flops
     assert ops["flops"].sum() >= flops.training_flops(CONFIG, PRESET.batch_size, PRESET.seq_len)
     classified = {reference_classify(o, m) for o, m in zip(ops["operator"], ops["module"])}
     assert classified == set(bottlenecks.CATEGORIES)

@@ -1,14 +1,23 @@
-"""Notebook 12's checks (tinyllama.fusion) catch plausible wrong answers, and its helpers read a
+"""Notebook 12's checks (tinyllama.course.fusion_checks) catch plausible wrong answers, and its helpers read a
 comparison record as the notebook expects."""
 
 import time
 
 import pytest
 
-from tinyllama.compare import RUN_SETS, parse_run
 from tinyllama.course.checkpoints import CheckpointFailed
-from tinyllama.fusion import (LAUNCH_BOUND_SHARE, check_gemm_prediction, check_host_share, fusion_effects,
-                              fusion_label, fusion_runs, gemm_count_hint, host_share, time_samples)
+from tinyllama.course.fusion_checks import (
+    LAUNCH_BOUND_SHARE,
+    check_gemm_prediction,
+    check_host_share,
+    fusion_effects,
+    fusion_label,
+    fusion_runs,
+    gemm_count_hint,
+    host_share,
+    time_samples,
+)
+from tinyllama.harness.compare import RUN_SETS, parse_run
 
 
 def right_count(num_layers, fuse_qkv, fuse_gate_up):
@@ -118,16 +127,16 @@ def test_time_samples_gives_one_sample_per_repeat():
 from types import SimpleNamespace  # noqa: E402
 
 import matplotlib  # noqa: E402
+
 matplotlib.use("Agg")
 import matplotlib.pyplot  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
 from notebook_exercises import SolutionExercises, run_source  # noqa: E402
-from tinyllama import course, fusion  # noqa: E402
 
-
+from tinyllama import course  # noqa: E402
+from tinyllama.course import fusion_checks as fusion
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,11 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
 from notebook_exercises import SolutionExercises, run_source
-from tinyllama import course, kernel_costs
+
+from tinyllama import course
 from tinyllama import kernels as library
+from tinyllama.costs import kernel_costs
 from tinyllama.course import backward_checks, guards, triton_basics_checks
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.exercise_stop import check_cells, match_exercise

@@ -7,16 +7,16 @@ import math
 import pandas as pd
 import pytest
 import torch
-
 from notebook_exercises import SolutionExercises
+
 from tinyllama import course
-from tinyllama import flops as model_flops
-from tinyllama.comparison.parity import TOLERANCES
-from tinyllama.comparison.runs import parse_run
 from tinyllama.config import get_preset
+from tinyllama.costs import flops as model_flops
 from tinyllama.course import versions
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.results import checkout_root
+from tinyllama.harness.comparison.parity import TOLERANCES
+from tinyllama.harness.comparison.runs import parse_run
 
 pytestmark = pytest.mark.usefixtures("strict")
 

@@ -13,11 +13,12 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
 from notebook_exercises import SolutionExercises  # noqa: E402
-from tinyllama import course, intensity  # noqa: E402
+
+from tinyllama import course  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
+from tinyllama.costs import intensity  # noqa: E402
 from tinyllama.course import roofline_checks  # noqa: E402
 from tinyllama.course.checkpoints import CheckpointFailed  # noqa: E402
 from tinyllama.course.results import checkout_root  # noqa: E402
@@ -271,7 +272,7 @@ def test_causal_attention_work_is_what_the_roofline_credits_a_causal_kernel_with
 
 
 def test_model_kernels_bytes_and_the_attention_of_the_model_count():
-    from tinyllama import flops
+    from tinyllama.costs import flops
 
     config, batch, seq = MEDIUM.model, MEDIUM.batch_size, MEDIUM.seq_len
     table = intensity.model_kernels(config, batch, seq, 2).set_index("kernel")
@@ -358,7 +359,8 @@ def test_call_signatures_without_dtypes_keep_the_tensor_shapes():
 
 
 def test_vendor_roofline_without_the_tool_runs_nothing_and_gives_the_commands(tmp_path, monkeypatch):
-    from tinyllama.profiling import vendor, vendor_roofline as vr
+    from tinyllama.profiling import vendor
+    from tinyllama.profiling import vendor_roofline as vr
 
     result = vr.vendor_roofline("v1", "ci", "fp32", 5, tmp_path) if dev.backend() == "cpu" else None
     if result is not None:

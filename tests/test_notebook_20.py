@@ -5,8 +5,8 @@ WORKSHOP_STRICT=1)."""
 import re
 
 import pytest
-
 from notebook_exercises import SolutionExercises
+
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.results import checkout_root
 
@@ -21,9 +21,9 @@ import torch
 from tinyllama import course
 from tinyllama.config import make_config
 from tinyllama.course import get_profile
-from tinyllama.memory_estimate import CHECKPOINT_TERM, block_terms, estimate_memory, measure_activation_terms, model_layout
+from tinyllama.costs.memory_estimate import CHECKPOINT_TERM, block_terms, estimate_memory, measure_activation_terms, model_layout
 from tinyllama.models import build
-from tinyllama.sweep import STATUS_OK, RunConfig
+from tinyllama.harness.sweep import STATUS_OK, RunConfig
 from tinyllama.training import make_batches
 
 profile = get_profile("ci")

@@ -6,8 +6,7 @@ import sys
 import nbformat
 import pytest
 
-from tinyllama.course.distributed_checks import (check_communication_formula, check_state_formula,
-                                                 check_torchrun_command)
+from tinyllama.course.distributed_checks import check_communication_formula, check_state_formula, check_torchrun_command
 from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
 
@@ -56,7 +55,7 @@ def test_wrong_communication_formulas_fail_with_the_cause(wrong, cause, capsys):
     assert cause in capsys.readouterr().out
 
 
-def _argv(k=2, batch=8, module="tinyllama.distributed"):
+def _argv(k=2, batch=8, module="tinyllama.harness.distributed"):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(k), "-m", module,
             "--batch-size", str(batch), "--json", "runs.json"]
 

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import tinyllama.models as models
-from tinyllama.checks import parameters_without_gradient
-from tinyllama.comparison.parity import TOLERANCES, ParityCheck, check_parity, reference_answer
 from tinyllama.config import get_preset, make_config
-from tinyllama.models import VERSIONS, build, lm_loss, model_class, transfer_weights
-from tinyllama.models import v2_fused
+from tinyllama.correctness import parameters_without_gradient
+from tinyllama.harness.comparison.parity import TOLERANCES, ParityCheck, check_parity, reference_answer
+from tinyllama.models import VERSIONS, build, lm_loss, model_class, transfer_weights, v2_fused
 from tinyllama.models.v1_baseline import Attention
 from tinyllama.models.weights import canonical_state_dict
 from tinyllama.training import make_batches

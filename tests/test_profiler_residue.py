@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tinyllama import timing
-from tinyllama.kernel_costs import device_ms, host_us_per_call
+from tinyllama.costs.kernel_costs import device_ms, host_us_per_call
 from tinyllama.profiling.attention import sdpa_backend
 from tinyllama.profiling.isolated import IsolatedRunError, isolated
 
@@ -96,7 +96,7 @@ def test_isolated_refuses_what_cannot_be_imported_there():
 
 
 def test_compare_counts_gemms_without_leaving_a_profiler_session():
-    from tinyllama.compare import compare
+    from tinyllama.harness.compare import compare
 
     result = compare(["v1:fp32", "v2:fp32"], "ci", num_steps=2, warmup_steps=1, device="cpu", progress=False,
                      profile_runs=["v2:fp32"], profile_top=3)

@@ -6,19 +6,19 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from conftest import GPU
 import torch.nn.functional as F
+from conftest import GPU
+from fake_profiler import FakeProfiler
 
 from tinyllama import device as dev
-from tinyllama.bench import TrainingStep, make_batches
 from tinyllama.config import get_preset
+from tinyllama.harness.bench import TrainingStep, make_batches
 from tinyllama.models import build
 from tinyllama.models.v1_baseline import Attention, Block, TinyLlama
 from tinyllama.profiling import flops as pflops
-from tinyllama.profiling import memory, torch_profiler as tp
+from tinyllama.profiling import memory
+from tinyllama.profiling import torch_profiler as tp
 from tinyllama.profiling.vendor import KERNEL_COLUMNS
-
-from fake_profiler import FakeProfiler
 
 PRESET = get_preset("ci")
 CONFIG = PRESET.model

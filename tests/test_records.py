@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tinyllama.records import append_json, load_json
+from tinyllama.harness.records import append_json, load_json
 
 
 def test_records_are_appended_and_nothing_is_left_behind(tmp_path):

@@ -6,15 +6,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from fake_profiler import FakeProfiler
 
-from tinyllama import flops as model_flops
-from tinyllama.bench import TrainingStep, make_batches
 from tinyllama.config import get_preset
+from tinyllama.costs import flops as model_flops
+from tinyllama.harness.bench import TrainingStep, make_batches
 from tinyllama.models import build
 from tinyllama.profiling import roofline as rl
 from tinyllama.profiling import vendor
-
-from fake_profiler import FakeProfiler
 
 PRESET = get_preset("ci")
 CONFIG = PRESET.model
@@ -393,7 +392,7 @@ def test_top_kernels_take_the_time_of_the_step():
 
 
 def test_a_causal_fused_kernel_is_credited_with_the_triangle_it_computes():
-    from tinyllama.flops import causal_pairs
+    from tinyllama.costs.flops import causal_pairs
 
     q, k, v = (torch.randn(2, 4, 33, 8, requires_grad=True) for _ in range(3))
     for causal, pairs in ((True, 33 * 34 // 2), (False, 33 * 33)):
@@ -452,11 +451,11 @@ def test_bandwidth_chart_of_two_full_versions_keeps_its_labels_apart(tmp_path):
 
 
 def test_the_spine_counts_intensity_without_the_profiling_package():
-    """tinyllama.intensity (the spine) imports downward only: the causal count lives in tinyllama.flops."""
+    """tinyllama.costs.intensity (the spine) imports downward only: the causal count lives in tinyllama.costs.flops."""
     import subprocess
     import sys
 
-    code = "import sys, tinyllama.intensity; print(sorted(m for m in sys.modules if m.startswith('tinyllama.profiling')))"
+    code = "import sys, tinyllama.costs.intensity; print(sorted(m for m in sys.modules if m.startswith('tinyllama.profiling')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"

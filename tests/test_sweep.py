@@ -2,9 +2,9 @@
 
 import pytest
 
-from tinyllama.anatomy import pretend_out_of_memory
+from tinyllama.costs.anatomy import pretend_out_of_memory
 from tinyllama.data import build_corpus
-from tinyllama.sweep import STATUS_OK, STATUS_OOM, RunConfig, run_sweep
+from tinyllama.harness.sweep import STATUS_OK, STATUS_OOM, RunConfig, run_sweep
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_compare_with_measures_against_the_baseline_and_the_reference_loss():
 
     import pandas as pd
 
-    from tinyllama.sweep import compare_with
+    from tinyllama.harness.sweep import compare_with
 
     table = pd.DataFrame([
         {"name": "base", "status": STATUS_OK, "step_ms": 100.0, "tokens_per_s": 1000.0, "peak_memory_mib": 50.0,

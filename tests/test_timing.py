@@ -66,7 +66,7 @@ def test_host_verdict_needs_the_bands_to_separate_and_the_share_to_matter():
 
 
 def test_issue_verdict_calls_a_step_host_bound_only_when_the_device_finishes_right_after_the_issue():
-    from tinyllama.kernel_costs import LaunchCost
+    from tinyllama.costs.kernel_costs import LaunchCost
     from tinyllama.timing import Band, issue_verdict, summarize
 
     # Issued in 46.4 ms, finished 47.4 ms after the start: the device waited for the launches.

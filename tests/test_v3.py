@@ -8,11 +8,10 @@ from collections import Counter
 
 import pytest
 import torch
-
 from conftest import DEVICE, logits_and_grads
 
-from tinyllama.checks import check_every_parameter_trained
 from tinyllama.config import get_preset, make_config
+from tinyllama.correctness import check_every_parameter_trained
 from tinyllama.kernels import max_relative_error
 from tinyllama.kernels._triton import Launcher
 from tinyllama.models import DESCRIPTIONS, VERSIONS, build, lm_loss

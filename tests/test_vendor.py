@@ -54,7 +54,7 @@ def test_detection_reports_version_path_and_missing_tools(tmp_path, monkeypatch)
 
 # --- command lines ---------------------------------------------------------------------------------
 
-TARGET = ["python", "-m", "tinyllama.bench", "--preset", "tiny", "--num-steps", "5"]
+TARGET = ["python", "-m", "tinyllama.harness.bench", "--preset", "tiny", "--num-steps", "5"]
 
 
 def test_rocm_commands_follow_the_workshop(tmp_path):
@@ -74,7 +74,7 @@ def test_rocm_commands_follow_the_workshop(tmp_path):
 
 def test_the_workshop_run_is_the_benchmark_with_this_python(tmp_path):
     target = vendor.bench_target("v4", "medium", "bf16", 3)
-    assert target[0] == sys.executable and target[1:3] == ["-m", "tinyllama.bench"]
+    assert target[0] == sys.executable and target[1:3] == ["-m", "tinyllama.harness.bench"]
     assert target[target.index("--version") + 1] == "v4" and target[target.index("--num-steps") + 1] == "3"
     cmd = vendor.build_command("kernel_stats", target, tmp_path, backend="rocm", check=False)
     assert cmd.argv[cmd.argv.index("--") + 1:] == target

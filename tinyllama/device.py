@@ -325,7 +325,7 @@ def _profiler_api(what: str) -> None:
 # Datasheet peaks. Dense (no structured sparsity) figures from the vendors' data sheets, in TFLOP/s
 # and TB/s. "fp32" is the best plain-FP32 rate (matrix cores where the chip has FP32 matrix math);
 # "tf32" is None on chips without TF32. A peak is a ceiling nobody reaches: the course always shows a
-# measured ceiling next to it (tinyllama.ceilings).
+# measured ceiling next to it (tinyllama.costs.ceilings).
 # --------------------------------------------------------------------------------------------------
 
 

@@ -16,8 +16,7 @@ import torch
 import torch.autograd.profiler as _autograd_profiler
 
 from tinyllama import device as dev
-from tinyllama.errors import BenchmarkError
-
+from tinyllama.config import BenchmarkError
 
 # --------------------------------------------------------------------------------------------------
 # No timing after a profiler session

@@ -13,11 +13,10 @@ from typing import Iterator
 import torch
 
 from tinyllama import device as dev
-from tinyllama.config import ModelConfig
+from tinyllama.config import ModelConfig, autocast_context, check_precision, set_matmul_precision
 from tinyllama.models import lm_loss
 from tinyllama.models.v1_baseline import TinyLlama
 from tinyllama.models.weights import unwrap
-from tinyllama.settings import autocast_context, check_precision, set_matmul_precision
 from tinyllama.timing import PhaseTimer
 
 PHASES = ("forward", "backward", "optimizer")

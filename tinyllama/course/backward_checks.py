@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.autograd.gradcheck import GradcheckError
 
-from tinyllama.checks import CorrectnessError, check_every_parameter_trained, parameters_without_gradient
+from tinyllama.correctness import CorrectnessError, check_every_parameter_trained, parameters_without_gradient
 from tinyllama.course.checkpoints import checkpoint
 from tinyllama.course.feedback import compare_outputs
 
@@ -364,7 +364,7 @@ class NormNet(nn.Module):
 @dataclass
 class Trained:
     """Which parameters of a :class:`NormNet` got a gradient from one backward, and what the course's
-    check (:func:`tinyllama.checks.check_every_parameter_trained`) said."""
+    check (:func:`tinyllama.correctness.check_every_parameter_trained`) said."""
 
     trained: list[str]
     untrained: list[str]
@@ -434,7 +434,7 @@ def check_rmsnorm_function(function: type[torch.autograd.Function], reference: N
     hint = _untrained_hint(trained.untrained if trained is not None else [])
     model = f"a small model whose norms use {function.__name__}"
     ok = checkpoint(not problem, f"{model}: {trained.summary if trained else ''} "
-                                 "(tinyllama.checks.check_every_parameter_trained passes)",
+                                 "(tinyllama.correctness.check_every_parameter_trained passes)",
                     f"{model}: {problem}.{hint}")
     if not ok:
         return False

@@ -3,11 +3,11 @@
 - :func:`check_parameter_formula`: a parameter count written as a formula of the shape, against
   ``sum(p.numel())`` of the built V1 model, on the presets and on odd shapes (GQA, MQA, MHA);
 - :func:`check_flops_formula`: training FLOPs per token, against ``FlopCounterMode`` over a V1 forward
-  and backward (``tinyllama.flops.counted_training_flops``);
+  and backward (``tinyllama.costs.flops.counted_training_flops``);
 - :func:`check_activation_formula`: bytes autograd saves for the backward, against
-  :func:`tinyllama.anatomy.saved_activations` on a sweep of batch sizes and sequence lengths;
+  :func:`tinyllama.costs.anatomy.saved_activations` on a sweep of batch sizes and sequence lengths;
 - :func:`check_fits`: a ``fits(batch)`` predicate that must survive an out-of-memory and leave no
-  gradients or memory behind (tested with :func:`tinyllama.anatomy.pretend_out_of_memory` on every
+  gradients or memory behind (tested with :func:`tinyllama.costs.anatomy.pretend_out_of_memory` on every
   device, so a CPU tests it too).
 
 Where a wrong answer differs from the reference by a recognisable part of the model (the output head,
@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from tinyllama import anatomy
 from tinyllama import device as dev
 from tinyllama.config import ModelConfig
+from tinyllama.costs import anatomy
 from tinyllama.course.checkpoints import check_between, checkpoint
 
 Shape = tuple[int, int, int, int, int, int]  # vocab, hidden, layers, heads, kv_heads, intermediate
@@ -150,7 +150,7 @@ FLOPS_CASES: tuple[tuple[Shape, int], ...] = (
 @functools.lru_cache(maxsize=64)
 def counted_flops_per_token(config: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token that ``FlopCounterMode`` counts over V1 (batch 1, meta device)."""
-    from tinyllama.flops import counted_training_flops
+    from tinyllama.costs.flops import counted_training_flops
 
     return counted_training_flops(config, 1, seq_len) / seq_len
 
@@ -322,7 +322,7 @@ def explain_activation_difference(formula: Callable[[ModelConfig, int, int], flo
 @functools.lru_cache(maxsize=64)
 def measured_activation_bytes(config: ModelConfig, batch: int, seq: int) -> int:
     """Bytes V1 (fp32, CPU) saves for the backward at this batch and sequence length."""
-    from tinyllama.bench import make_batches
+    from tinyllama.harness.bench import make_batches
     from tinyllama.models import build, lm_loss
 
     model = build("v1", config)

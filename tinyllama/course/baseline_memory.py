@@ -8,7 +8,7 @@
   against the saved activations, point by point, and how each grows over a sweep;
 - :func:`training_fit`: whether a preset's training state and activations fit a memory budget.
 
-The saved activations from the shapes come from :mod:`tinyllama.memory_estimate` (V1's layout: the
+The saved activations from the shapes come from :mod:`tinyllama.costs.memory_estimate` (V1's layout: the
 attention's math path, separate projections), which matches what autograd saves for V1 in fp32.
 """
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tinyllama import flops
 from tinyllama.config import ModelConfig
-from tinyllama.memory_estimate import FP32, Layout, estimate_memory
+from tinyllama.costs import flops
+from tinyllama.costs.memory_estimate import FP32, Layout, estimate_memory
 
 MIB = 2**20
 GIB = 2**30
@@ -53,7 +53,7 @@ def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def saved_bytes(config: ModelConfig, batch: int, seq: int) -> int:
-    """Bytes V1 saves for the backward in fp32, from the shapes (:mod:`tinyllama.memory_estimate`)."""
+    """Bytes V1 saves for the backward in fp32, from the shapes (:mod:`tinyllama.costs.memory_estimate`)."""
     return estimate_memory(config, batch, seq, "fp32", V1_LAYOUT).activations
 
 

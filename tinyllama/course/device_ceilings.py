@@ -3,7 +3,7 @@
 Notebook 00 measures a large matrix multiply per precision and a large copy and records them
 (``matmul_<precision>_tflops``, ``copy_tbs``, ``matmul_size``). A later notebook needs the same figures
 for its roofs; :func:`device_ceilings` reads the latest record of notebook 00 made on this device at
-this profile's sizes, or measures the ceilings now (``tinyllama.ceilings``, the same sizes) when there
+this profile's sizes, or measures the ceilings now (``tinyllama.costs.ceilings``, the same sizes) when there
 is none, and says which it did.
 """
 
@@ -15,8 +15,8 @@ from typing import Sequence
 
 import torch
 
-from tinyllama import ceilings
 from tinyllama import device as dev
+from tinyllama.costs import ceilings
 from tinyllama.course import results
 from tinyllama.course.profile import Profile
 from tinyllama.profiling.roofline import Roofs
@@ -67,7 +67,7 @@ def device_ceilings(device: torch.device | str | None, profile: Profile, precisi
     """The ceilings of ``device``: notebook 00's latest record made on this device at ``profile``'s matmul
     size (with every one of ``precisions``, default the profile's ``matmul_precisions``; ``()`` for the copy
     alone, and the copy), else
-    measured now with ``tinyllama.ceilings`` at the profile's sizes. Prints where they come from unless
+    measured now with ``tinyllama.costs.ceilings`` at the profile's sizes. Prints where they come from unless
     ``quiet``."""
     device = dev.get_device(None if device is None else str(device))
     precisions = tuple(profile.matmul_precisions if precisions is None else precisions)

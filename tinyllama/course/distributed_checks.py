@@ -1,5 +1,5 @@
 """The checks of notebook 21 (distributed training): the per-GPU memory formula, the torchrun command
-and the bytes each rank communicates, each compared with ``tinyllama.distributed`` on cases that tell
+and the bytes each rank communicates, each compared with ``tinyllama.harness.distributed`` on cases that tell
 the typical mistakes apart."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from tinyllama.course.checkpoints import checkpoint
-from tinyllama.distributed import communication_bytes, model_state_bytes
+from tinyllama.harness.distributed import communication_bytes, model_state_bytes
 
 # (parameters, strategy, world size): a parameter count that does not split evenly included.
 CASES: tuple[tuple[int, str, int], ...] = ((1_000_000, "ddp", 2), (1_000_000, "fsdp", 2), (1_000_003, "fsdp", 4),
@@ -62,15 +62,15 @@ def check_communication_formula(formula: Callable[[int, str, int], float],
 
 
 def check_torchrun_command(argv: Sequence[str], processes: int, per_gpu_batch: int) -> bool:
-    """``argv`` starts ``tinyllama.distributed`` on ``processes`` processes with ``per_gpu_batch`` each."""
+    """``argv`` starts ``tinyllama.harness.distributed`` on ``processes`` processes with ``per_gpu_batch`` each."""
     argv = [str(a) for a in argv]
     problems = []
     if argv[1:3] != ["-m", "torch.distributed.run"]:
         problems.append("start it with the Python of this kernel and -m torch.distributed.run (what torchrun runs)")
     if "--nproc-per-node" not in argv or argv[argv.index("--nproc-per-node") + 1] != str(processes):
         problems.append(f"--nproc-per-node must be {processes}: one process per GPU")
-    if "tinyllama.distributed" not in argv or argv[argv.index("tinyllama.distributed") - 1] != "-m":
-        problems.append("run the module tinyllama.distributed with -m")
+    if "tinyllama.harness.distributed" not in argv or argv[argv.index("tinyllama.harness.distributed") - 1] != "-m":
+        problems.append("run the module tinyllama.harness.distributed with -m")
     if "--batch-size" not in argv:
         problems.append("give --batch-size")
     elif int(argv[argv.index("--batch-size") + 1]) != processes * per_gpu_batch:

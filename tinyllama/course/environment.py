@@ -18,9 +18,9 @@ import pandas as pd
 import torch
 
 from tinyllama import device as dev
-from tinyllama.ceilings import Ceiling
+from tinyllama.config import DTYPES
+from tinyllama.costs.ceilings import Ceiling
 from tinyllama.course.profile import Profile
-from tinyllama.settings import DTYPES
 
 Status = Literal["PASS", "WARN", "FAIL"]
 GIB = 2**30

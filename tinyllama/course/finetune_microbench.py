@@ -34,14 +34,12 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyllama import device as dev
-from tinyllama.bench import run_benchmark
-from tinyllama.config import make_config
+from tinyllama.config import DTYPES, BenchmarkError, autocast_context, make_config
+from tinyllama.costs.memory_estimate import allocator_peaks, estimate_memory, model_layout
 from tinyllama.data import TokenWindows, make_loader
-from tinyllama.errors import BenchmarkError
-from tinyllama.memory_estimate import allocator_peaks, estimate_memory, model_layout
+from tinyllama.harness.bench import run_benchmark
 from tinyllama.models import build, lm_loss
 from tinyllama.models.v2_fused import FusedAttention, causal_sdpa
-from tinyllama.settings import DTYPES, autocast_context
 from tinyllama.timing import Band, Stats, host_verdict, summarize, time_samples
 from tinyllama.training import make_batches, seed_everything
 
@@ -138,7 +136,7 @@ def micro_batch_sweep(preset: str, micro_batches: Sequence[int], seq_len: int, p
     """Train steps of one micro-batch each (no accumulation) at every micro-batch in ``micro_batches`` (in
     order), and stop after the first whose peak is over ``budget_mib`` or that runs out of memory. Each row:
     the step time (median, p10, p90), tokens/s at the median, the allocator's peaks (allocated, requested,
-    reserved; NaN on a CPU) and the estimate of :mod:`tinyllama.memory_estimate`. On a CPU, which keeps no
+    reserved; NaN on a CPU) and the estimate of :mod:`tinyllama.costs.memory_estimate`. On a CPU, which keeps no
     allocator statistics, the estimate decides where to stop."""
     options = dict(model_options if model_options is not None else {"sdpa": False})
     config = make_config(preset, vocab_size=VOCAB)

@@ -19,7 +19,7 @@ all-reduce as soon as that gradient exists; the ``finish`` it returns waits and 
 
 The rank processes are fresh Python interpreters started with ``subprocess``, and the participant's
 functions travel to them as source text (:func:`ship`). Why not fork the notebook's kernel, as the
-tests of ``tinyllama.distributed`` fork pytest: a forked child cannot use CUDA once the parent has (a
+tests of ``tinyllama.harness.distributed`` fork pytest: a forked child cannot use CUDA once the parent has (a
 notebook on a GPU has), and forking a kernel that runs several threads (Jupyter's) may deadlock the
 child. Why not ``multiprocessing``'s spawn: it pickles the function by reference, and a function defined
 in a notebook cell cannot be imported by name in another process.

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import sys
 import time
-from datetime import timedelta
 import traceback
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -31,11 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tinyllama import process_group
-from tinyllama.config import resolve_config
-from tinyllama.distributed import SyntheticTokens, rank_loader
+from tinyllama.config import autocast_context, resolve_config
+from tinyllama.harness import process_group
+from tinyllama.harness.distributed import SyntheticTokens, rank_loader
 from tinyllama.models import build, lm_loss
-from tinyllama.settings import autocast_context
 
 ORIGINAL_ALL_REDUCE = dist.all_reduce
 ORIGINAL_BACKWARD = torch.Tensor.backward

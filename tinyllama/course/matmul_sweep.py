@@ -15,7 +15,7 @@ from typing import Literal, Sequence
 import torch
 
 from tinyllama import device as dev
-from tinyllama.settings import DTYPES
+from tinyllama.config import DTYPES
 from tinyllama.timing import CallTimes, time_single_and_back_to_back
 
 Regime = Literal["launch-bound", "launch visible", "device busy", "no launch (CPU)"]
@@ -83,7 +83,7 @@ def sweep(precision: str, sizes: Sequence[int], device: torch.device, warmup: in
         raise ValueError(f"give matrix sizes of at least 1 (got {list(sizes)})")
     points = []
     previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"  # as tinyllama.ceilings measures the rate
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"  # as tinyllama.costs.ceilings measures the rate
     try:
         for n in sorted(sizes):
             a = torch.randn(n, n, device=device, dtype=DTYPES[precision])

@@ -4,7 +4,7 @@ The instructor's runner (:mod:`tinyllama.course.run_solutions`) keeps, in the me
 it executes (``metadata["tinyllama"]["records"]``), the records that notebook appended to the results
 file during that run. With ``--update-solutions`` they are stored in ``solutions/`` together with the
 outputs, so the figures a participant compares with are always those of the run whose outputs the
-solution notebooks show (the reference GPU run, see ``gpu/solutions_gpu.sh``): one source, never a
+solution notebooks show (the reference GPU run, see ``benchmarks/gpu/solutions_gpu.sh``): one source, never a
 copy that could drift. The participant copies in ``notebooks/`` do not carry them.
 
 :func:`load_reference` reads them into the long table of :func:`tinyllama.course.results.load_results`,

@@ -1,7 +1,7 @@
 """Checks of notebook 18's exercises (the roofline), with feedback that names the likely mistake:
 
 - :func:`check_gemm_and_add` (18.1), :func:`check_norm_and_attention` (18.2): the intensities of four
-  kernels at the model's shapes against the library's formulas (:func:`tinyllama.intensity.model_kernels`),
+  kernels at the model's shapes against the library's formulas (:func:`tinyllama.costs.intensity.model_kernels`),
   with the slip each typical factor points at (a multiply-add as one FLOP, elements for bytes, the output
   forgotten, the full square for the causal triangle, k and v with every query head);
 - :func:`check_roof_position` (18.3): a function for the attainable rate and the bound of a kernel of
@@ -24,8 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from tinyllama import intensity
 from tinyllama.config import ModelConfig
+from tinyllama.costs import intensity
 from tinyllama.course.bottlenecks import slip_hint
 from tinyllama.course.checkpoints import check_between, checkpoint
 from tinyllama.profiling import roofline

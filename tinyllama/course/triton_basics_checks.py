@@ -265,7 +265,7 @@ BYTES_WHY = ("x is read once and y written once (rows x width each), the weight 
 def check_rmsnorm_bytes(rmsnorm_bytes: Callable[[int, int, int], float]) -> bool:
     """Exercise 13.4: ``rmsnorm_bytes(rows, width, itemsize)`` on a wide bf16 case and a narrow fp32 one (where
     the weight is 7% of the bytes); a wrong formula is named among :data:`BYTES_SLIPS`."""
-    from tinyllama.kernel_costs import rmsnorm_forward_bytes
+    from tinyllama.costs.kernel_costs import rmsnorm_forward_bytes
 
     answers: dict[tuple[int, int, int], float] = {}
     ok = True
@@ -315,7 +315,7 @@ LAUNCH_WHY = ("bytes = launch time x bandwidth; a factor near 1e6 or 1e12 is a u
 def check_launch_bound(launch_bound_mib: float, launch_us: float, copy_tbs: float) -> bool:
     """Exercise 13.5: the MiB that take ``launch_us`` microseconds at ``copy_tbs`` TB/s; a wrong value is named
     among :data:`LAUNCH_SLIPS` (units left unconverted, MB for MiB)."""
-    from tinyllama.kernel_costs import launch_bound_bytes
+    from tinyllama.costs.kernel_costs import launch_bound_bytes
 
     expected = launch_bound_bytes(launch_us, copy_tbs) / 2**20
     value = float(launch_bound_mib)

@@ -2,7 +2,7 @@
 the predictions of notebook 11 turned into one prediction per version, and the checks of the
 notebook's exercises (each names the likely mistake).
 
-- :func:`version_runs`: the run specs of ``tinyllama.compare`` for V1-V4 (eager, and replayed from
+- :func:`version_runs`: the run specs of ``tinyllama.harness.compare`` for V1-V4 (eager, and replayed from
   CUDA graphs where asked);
 - :func:`correctness_table`, :func:`version_table`: one row per check, one row per version;
 - :data:`VERSION_REMEDIES`, :func:`notebook_11_predictions`, :func:`version_predictions`: which of
@@ -22,15 +22,15 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 import torch
 
-from tinyllama import flops as model_flops
-from tinyllama.comparison.parity import TOLERANCES
-from tinyllama.comparison.runs import parse_run
 from tinyllama.config import ModelConfig, get_preset
-from tinyllama.models import model_class
+from tinyllama.costs import flops as model_flops
 from tinyllama.course.bottlenecks import slip_hint
 from tinyllama.course.checkpoints import check_between, checkpoint
 from tinyllama.course.feedback import check_function
 from tinyllama.course.results import latest
+from tinyllama.harness.comparison.parity import TOLERANCES
+from tinyllama.harness.comparison.runs import parse_run
+from tinyllama.models import model_class
 
 VERSIONS = ("v1", "v2", "v3", "v4")
 BASELINE = "v1:fp32"  # the README's headline: every speed-up of `compare` is over V1 in fp32
@@ -225,7 +225,7 @@ _FLOP_SLIPS = [
 
 def check_flops_per_token(flops_per_token: Callable[[ModelConfig, int], float]) -> bool:
     """``flops_per_token(config, seq_len)`` against the model FLOPs of a training step per token
-    (``tinyllama.flops.training_flops`` / tokens) for every preset, at sequence lengths that are not
+    (``tinyllama.costs.flops.training_flops`` / tokens) for every preset, at sequence lengths that are not
     powers of two."""
     problems = []
     for name in ("ci", "tiny", "medium", "large"):
@@ -239,7 +239,7 @@ def check_flops_per_token(flops_per_token: Callable[[ModelConfig, int], float]) 
                     attention = 12 * config.num_layers * config.hidden_dim * seq_len
                     hint = ("the attention products are missing (they grow with the sequence length)"
                             if math.isclose(got, expected - attention, rel_tol=1e-9) else
-                            "compare your formula term by term with tinyllama/flops.py")
+                            "compare your formula term by term with tinyllama/costs/flops.py")
                 problems.append(f"preset {name}, seq {seq_len}: {got:.6g}, expected {expected:.6g} ({hint})")
     return checkpoint(not problems, "flops_per_token matches the model FLOPs per token of every preset and sequence length",
                       f"flops_per_token is off in {len(problems)} case(s):\n  - " + "\n  - ".join(problems[:4]))

@@ -1,6 +1,6 @@
 """The check of notebook 21's ZeRO exercise (21.6): the bytes one rank keeps for the model's state in bf16
 mixed-precision training with AdamW, part by part, at ZeRO stages 0 to 3, against
-``tinyllama.distributed.zero_state_bytes``.
+``tinyllama.harness.distributed.zero_state_bytes``.
 
 The participant's function returns the four parts (bf16 parameters, bf16 gradients, fp32 master weights,
 AdamW's fp32 moments) so that mistakes with the same total tell apart: forgetting the master copy and
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from tinyllama.course.checkpoints import checkpoint
-from tinyllama.distributed import ZERO_PARTS, zero_state_bytes
+from tinyllama.harness.distributed import ZERO_PARTS, zero_state_bytes
 
 # World sizes 4 and 8 (and 1): on 2 ranks half a part and a part divided by N are the same number, and
 # the feedback could not tell "one moment" from "sharded at stage 0".

@@ -16,16 +16,33 @@ sequence (``generate(..., use_cache=False)``, the reference).
 - :mod:`~tinyllama.generation.benchmark`: prefill and decode timed apart, bandwidth against the measured
   copy bandwidth.
 
-The command line is ``python -m tinyllama.generate``.
+The command line is ``python -m tinyllama.harness.generate``.
 """
 
 from tinyllama.generation.benchmark import GenerationResult, run_generation_benchmark, time_generation
-from tinyllama.generation.cache import (KVCache, attend, cached_forward, hidden_keys, project, rotary_rows, rotate,
-                                        write_in_place)
+from tinyllama.generation.cache import (
+                                        KVCache,
+                                        attend,
+                                        cached_forward,
+                                        hidden_keys,
+                                        project,
+                                        rotary_rows,
+                                        rotate,
+                                        write_in_place,
+)
 from tinyllama.generation.check import GenerationCheck, check_generation, first_divergence, teacher_forced_logits
 from tinyllama.generation.costs import decode_bytes, decode_flops
-from tinyllama.generation.runners import (DTYPES, CachedDecoder, Recompute, Runner, Sampling, cast_for_inference,
-                                          decode_loop, generate, make_runner)
+from tinyllama.generation.runners import (
+                                        DTYPES,
+                                        CachedDecoder,
+                                        Recompute,
+                                        Runner,
+                                        Sampling,
+                                        cast_for_inference,
+                                        decode_loop,
+                                        generate,
+                                        make_runner,
+)
 
 __all__ = [
     "DTYPES", "CachedDecoder", "GenerationCheck", "GenerationResult", "KVCache", "Recompute", "Runner", "Sampling",

@@ -1,5 +1,5 @@
 """The generation benchmark: check, then time prefill and decode apart; a decode step's bandwidth
-against the measured copy bandwidth (``tinyllama.ceilings``)."""
+against the measured copy bandwidth (``tinyllama.costs.ceilings``)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,20 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tinyllama import device as dev
-from tinyllama.ceilings import measure_copy_tbs
-from tinyllama.checks import CorrectnessError
-from tinyllama.cli import say
-from tinyllama.config import ModelConfig, get_preset, make_config
-from tinyllama.errors import BenchmarkError, ConfigError
+from tinyllama.config import BenchmarkError, ConfigError, ModelConfig, get_preset, make_config
+from tinyllama.correctness import CorrectnessError
+from tinyllama.costs.ceilings import measure_copy_tbs
 from tinyllama.generation.check import check_generation
 from tinyllama.generation.costs import decode_bytes, decode_flops
-from tinyllama.generation.runners import (DTYPES, CachedDecoder, Runner, Sampling, cast_for_inference, decode_loop,
-                                          make_runner)
+from tinyllama.generation.runners import (
+    DTYPES,
+    CachedDecoder,
+    Runner,
+    Sampling,
+    cast_for_inference,
+    decode_loop,
+    make_runner,
+)
 from tinyllama.models import VERSIONS, build, model_class, transfer_weights
 from tinyllama.timing import PhaseTimer, Stats, summarize
 
@@ -86,7 +91,7 @@ class GenerationResult:
     decode_flops: float
     achieved_gbs: float
     achieved_tflops: float
-    copy_gbs: float  # measured device-to-device copy, read + written (tinyllama.ceilings)
+    copy_gbs: float  # measured device-to-device copy, read + written (tinyllama.costs.ceilings)
     check: str | None
     torch_version: str = torch.__version__
     timestamp: str = field(default_factory=lambda: _dt.datetime.now().isoformat(timespec="seconds"))
@@ -175,7 +180,8 @@ def run_generation_benchmark(version: str = "v1", preset: str = "ci", *, batch_s
     if cuda_graph and device.type != "cuda":
         raise ConfigError("--cuda-graphs needs a GPU (CUDA or ROCm) and this run is on the CPU: run without it")
     mode = mode_name(use_cache, compile, cuda_graph)
-    say(f"measuring the copy bandwidth of {dev.device_name(device)} ...", progress)
+    if progress:
+        print(f"measuring the copy bandwidth of {dev.device_name(device)} ...", flush=True)
     copy_gbs = measure_copy_tbs(device=device).value * 1e3
     try:
         torch.manual_seed(seed)
@@ -190,7 +196,8 @@ def run_generation_benchmark(version: str = "v1", preset: str = "ci", *, batch_s
         verdict = None
         if reference is not None:
             b, n = min(batch_size, CHECK_BATCH), min(new_tokens, CHECK_TOKENS)
-            say(f"checking {mode} against the fp32 no-cache reference ({b} x {n} tokens) ...", progress)
+            if progress:
+                print(f"checking {mode} against the fp32 no-cache reference ({b} x {n} tokens) ...", flush=True)
             # The timed run's capacity: a static step of the same shape, compiled once for both up to CHECK_BATCH.
             runner = make_runner(model, b, prompt_len + new_tokens, use_cache=use_cache, compile=compile,
                                  cuda_graph=cuda_graph)
@@ -201,7 +208,8 @@ def run_generation_benchmark(version: str = "v1", preset: str = "ci", *, batch_s
             verdict = result.summary()
         runner = make_runner(model, batch_size, prompt_len + new_tokens, use_cache=use_cache, compile=compile,
                              cuda_graph=cuda_graph)
-        say(f"timing {mode}: {warmup} warm-up and {repeat} timed generations ...", progress)
+        if progress:
+            print(f"timing {mode}: {warmup} warm-up and {repeat} timed generations ...", flush=True)
         with torch.no_grad():
             warmup_ms, prefill, decode = time_generation(runner, prompt, new_tokens, warmup, repeat, device)
     except Exception as error:  # noqa: BLE001 - only out-of-memory is translated, the rest re-raised

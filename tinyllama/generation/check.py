@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tinyllama.config import set_matmul_precision
 from tinyllama.generation.runners import Runner, Sampling, decode_loop, generate
-from tinyllama.settings import set_matmul_precision
 
 # The largest relative logits error (worst step) that passes. fp32: rounding only (about 1e-6 measured).
 # bf16 keeps weights, activations and the cache in bf16 (no fp32 residual stream, unlike training's

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tinyllama import flops as model_flops
 from tinyllama.config import ModelConfig
+from tinyllama.costs import flops as model_flops
 from tinyllama.generation.runners import DTYPES
 
 

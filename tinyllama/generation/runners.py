@@ -10,12 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinyllama.config import ModelConfig
-from tinyllama.errors import ConfigError
+from tinyllama.config import ConfigError, ModelConfig, set_matmul_precision
 from tinyllama.generation.cache import KVCache, cached_forward
 from tinyllama.models.v1_baseline import RotaryEmbedding
 from tinyllama.models.weights import unwrap
-from tinyllama.settings import set_matmul_precision
 from tinyllama.timing import PhaseTimer
 
 # Inference stores the weights and the cache in the precision's dtype (no autocast: a bf16 decode step

@@ -145,7 +145,7 @@ class TinyLlama(nn.Module):
 
     version = "v1"
     block_class: type[nn.Module] = Block
-    # The contract every harness reads (tinyllama.bench, tinyllama.compare); each version declares
+    # The contract every harness reads (tinyllama.harness.bench, tinyllama.harness.compare); each version declares
     # its own values, these are the defaults.
     switch_names: ClassVar[tuple[str, ...]] = ()  # the keyword switches of __init__, for build(**switches)
     preferred_precision: ClassVar[str] = "fp32"  # the precision of a run spec that names none

@@ -26,10 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinyllama.config import ModelConfig
+from tinyllama.config import COMPILE_MODES, CUDA_GRAPH_MODES, ModelConfig
 from tinyllama.models import v1_baseline as v1
-from tinyllama.settings import COMPILE_MODES, CUDA_GRAPH_MODES
-
 
 # enable_gqa (torch >= 2.5) lets SDPA read each key/value head for its whole group of query heads
 # instead of copying it. Only the flash kernel implements it: for fp32 on a GPU (no flash kernel)

@@ -7,7 +7,7 @@
 - and three settings of the training step, which the harness reads from the model:
   ``preferred_precision = "bf16"`` (autocast to bfloat16, fp32 master weights),
   ``fused_optimizer = True`` (AdamW updating all parameters in one fused kernel) and
-  ``graphed_step = True``: on a GPU the harness (``tinyllama.bench``, ``tinyllama.compare``) replays the
+  ``graphed_step = True``: on a GPU the harness (``tinyllama.harness.bench``, ``tinyllama.harness.compare``) replays the
   whole training step, forward, backward and optimizer, from CUDA (HIP) graphs after its warm-up steps,
   wherever a step can be replayed (``tinyllama.training.replays_step``: not fp16, not with gradient
   accumulation or checkpointing, not in a compile mode with graphs of its own). The compiled step is then

@@ -26,8 +26,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from tinyllama.profiling.flops import cpu_attention_formulas
-from tinyllama.profiling.torch_profiler import PHASES, ProfileRun, categorize, is_device_event, is_fused_kernel, row_kind
-
+from tinyllama.profiling.torch_profiler import (
+    PHASES,
+    ProfileRun,
+    categorize,
+    is_device_event,
+    is_fused_kernel,
+    row_kind,
+)
 
 # FLOPs per element for operators that are neither tagged pointwise nor counted by flop_counter.
 # A batch norm in eval mode is a scale and a shift per element (its statistics are fixed); a training-mode
@@ -176,7 +182,7 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 def count_operator_work(fn: Callable[[], Any]) -> pd.DataFrame:
     """Run ``fn()`` once and return, per ATen operator: ``operator``, ``category``, ``calls``,
     ``flops`` (counted by ``FlopCounterMode`` where it has a formula, else estimated; a fused attention kernel
-    called with ``is_causal`` over the lower triangle it computes: :func:`tinyllama.flops.causal_pairs`), ``flop_source``,
+    called with ``is_causal`` over the lower triangle it computes: :func:`tinyllama.costs.flops.causal_pairs`), ``flop_source``,
     ``bytes`` (inputs read once + outputs written once) and ``precision`` (of its floating inputs;
     ``tf32`` for fp32 matmuls and convolutions on a GPU with TF32 allowed: :func:`allows_tf32`).
 

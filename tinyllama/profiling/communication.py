@@ -35,8 +35,9 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from tinyllama.errors import BenchmarkError
+from tinyllama.config import BenchmarkError
 from tinyllama.profiling.torch_profiler import ProfileRun, is_device_event
+
 # Kernel names of NCCL and RCCL (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...), the c10d
 # operators PyTorch records for every collective, and gloo's ranges.
 _COLLECTIVE = re.compile(r"nccl|rccl|gloo|c10d::|all_?reduce|reduce_?scatter|all_?gather|all_to_all|broadcast",

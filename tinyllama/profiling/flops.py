@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from tinyllama.config import ModelConfig
-from tinyllama.flops import causal_pairs
+from tinyllama.costs.flops import causal_pairs
 from tinyllama.models.weights import unwrap  # DeepSpeed sees only the eager model, not compile's wrapper
 
 DEFAULT_TOLERANCE = 0.01  # 1%: the two counters use the same formulas for matmuls and convolutions
@@ -216,7 +216,7 @@ def cpu_attention_formulas(gpu_kernels: bool = False, causal: bool = False) -> d
     ``causal``: a call with ``is_causal=True`` counts the lower triangle of the scores with its diagonal
     (:func:`causal_pairs`), the work a fused kernel that skips the masked tiles does (executed FLOPs, for
     a roofline); without it every call counts the full square (the model-FLOPs convention of
-    :mod:`tinyllama.flops`, which MFU uses, and what DeepSpeed counts).
+    :mod:`tinyllama.costs.flops`, which MFU uses, and what DeepSpeed counts).
     """
     aten = torch.ops.aten
     forward = ["_scaled_dot_product_flash_attention_for_cpu"]
@@ -378,11 +378,11 @@ def training_flop_table(
 ) -> pd.DataFrame:
     """One TinyLLaMA training step's FLOPs, four ways, side by side.
 
-    Rows: the analytic formula and the meta-device count of ``tinyllama.flops``; ``FlopCounterMode``
+    Rows: the analytic formula and the meta-device count of ``tinyllama.costs.flops``; ``FlopCounterMode``
     over a real forward + backward of ``model``; 3 x DeepSpeed's forward (2 x MACs). Each with its
     ratio to the analytic count. Needs DeepSpeed for the last row.
     """
-    from tinyllama import flops as model_flops
+    from tinyllama.costs import flops as model_flops
     from tinyllama.models import lm_loss
 
     batch, seq = inputs.shape
@@ -393,7 +393,7 @@ def training_flop_table(
     ds = deepspeed_profile(model, (inputs,), warm_up=0, detailed=False)
     rows = [
         ("analytic: 3 x (2 x matmul params x tokens + attention)", analytic),
-        ("FlopCounterMode, V1 on the meta device (tinyllama.flops)", meta),
+        ("FlopCounterMode, V1 on the meta device (tinyllama.costs.flops)", meta),
         (f"FlopCounterMode, this model ({type(unwrap(model)).__name__}), forward + backward", step.total),
         ("DeepSpeed: 3 x 2 x forward MACs", 3 * 2 * ds.macs),
     ]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from tinyllama.errors import BenchmarkError
+from tinyllama.config import BenchmarkError
 
 
 class IsolatedRunError(BenchmarkError):

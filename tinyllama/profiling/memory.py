@@ -9,7 +9,7 @@ Three views, from the simplest to the most detailed:
 - :func:`memory_timeline` (PyTorch profiler, every device) and :func:`memory_snapshot` (the GPU
   allocator's history, for https://pytorch.org/memory_viz) over one step, with plots.
 
-A "step" here is ``tinyllama.bench.TrainingStep`` (anything called as ``step(inputs, targets, timer=)``
+A "step" here is ``tinyllama.harness.bench.TrainingStep`` (anything called as ``step(inputs, targets, timer=)``
 that marks the phases ``forward``, ``backward`` and ``optimizer`` on the timer).
 """
 

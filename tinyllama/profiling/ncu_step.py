@@ -8,7 +8,7 @@ Stop, an n x n x n bf16 matrix multiply whose FLOPs ncu must count as 2 n^3, and
 (``tinyllama.profiling.vendor``): the first kernels of the range, or, given the names of the kernels that
 take the step's time (from a torch.profiler run: ``roofline.top_kernels``), launches of those kernels only
 (ncu's ``--kernel-name regex:``), the known GEMM then profiled in a run of its own.
-``gpu/profiling_gpu.py`` and notebook 18 call it.
+``benchmarks/gpu/profiling_gpu.py`` and notebook 18 call it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Roofline analysis: where each operator of a training step sits against the device's roofs.
 
-The roofs are measured on this device (``tinyllama.ceilings``: a large matmul per precision, a large
+The roofs are measured on this device (``tinyllama.costs.ceilings``: a large matmul per precision, a large
 copy) and drawn next to the datasheet peaks (``tinyllama.device``). Each operator becomes a point:
 
 FLOPs, bytes and device time per operator come from :mod:`tinyllama.profiling.attribution` (work and
@@ -28,12 +28,11 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 import torch
 
-from tinyllama import ceilings
 from tinyllama import device as dev
+from tinyllama.config import PRECISIONS  # the one definition, shared by every harness
+from tinyllama.costs import ceilings
 from tinyllama.profiling.attribution import UNATTRIBUTED, attribute, count_operator_work  # noqa: F401 (re-exported)
 from tinyllama.profiling.torch_profiler import ProfileRun, categorize, profile_steps
-
-from tinyllama.settings import PRECISIONS  # the one definition, shared by every harness
 
 # --------------------------------------------------------------------------------------------------
 # Roofs
@@ -78,7 +77,7 @@ def measure_roofs(
     matmul_size: int | None = None, copy_bytes: int | None = None,
 ) -> Roofs:
     """Measure the matmul rate for each precision and the copy bandwidth on ``device``
-    (``tinyllama.ceilings``) and look up its datasheet peaks (``tinyllama.device``; none on a CPU)."""
+    (``tinyllama.costs.ceilings``) and look up its datasheet peaks (``tinyllama.device``; none on a CPU)."""
     device = dev.get_device(None if device is None else str(device))
     measured = ceilings.measure_ceilings(device, tuple(precisions), matmul_size, copy_bytes)
     peaks = dev.device_peaks(device)

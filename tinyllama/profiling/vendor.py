@@ -229,11 +229,11 @@ class ProfilerCommand:
 
 def bench_target(version: str = "v1", preset: str = "tiny", precision: str = "fp32", num_steps: int = 5,
                  *extra: str) -> list[str]:
-    """The workshop's run to profile: ``python -m tinyllama.bench`` with this Python, quiet (no progress
+    """The workshop's run to profile: ``python -m tinyllama.harness.bench`` with this Python, quiet (no progress
     bar in the profiler's output). Pass it as ``target`` to :func:`build_command`."""
     import sys
 
-    return [sys.executable, "-m", "tinyllama.bench", "--version", version, "--preset", preset,
+    return [sys.executable, "-m", "tinyllama.harness.bench", "--version", version, "--preset", preset,
             "--precision", precision, "--num-steps", str(num_steps), "--quiet", *extra]
 
 
@@ -263,7 +263,7 @@ def build_command(
     kernels: int = 5,
     tools: dict[str, ToolInfo] | None = None,
 ) -> ProfilerCommand:
-    """The command line that profiles ``target`` (an argv, e.g. ``["python", "-m", "tinyllama.bench",
+    """The command line that profiles ``target`` (an argv, e.g. ``["python", "-m", "tinyllama.harness.bench",
     ...]``) for ``task`` with this machine's vendor tool.
 
     ``backend`` defaults to this machine's (``tinyllama.device.backend()``); ``tool`` picks one tool

@@ -3,7 +3,7 @@
 NVIDIA: Nsight Compute (``ncu``) on a known GEMM and the kernels of one step: those that take its time
 when their names are given (from a torch.profiler run), else the first ones launched
 (:func:`tinyllama.profiling.ncu_step.profile_step_with_ncu`). AMD: ``rocprof-compute profile --roof-only``
-on a short ``tinyllama.bench`` run, read from its ``pmc_perf.csv``. Either way the result is a table of
+on a short ``tinyllama.harness.bench`` run, read from its ``pmc_perf.csv``. Either way the result is a table of
 kernels with measured time, FLOPs and DRAM/HBM bytes, which :func:`tinyllama.profiling.roofline.kernel_points`
 places against the measured roofs. Where the tool is missing (or on a CPU), :func:`vendor_roofline` runs
 nothing and returns the command lines to run on a GPU node that has it.
@@ -19,6 +19,7 @@ import pandas as pd
 
 from tinyllama import device as dev
 from tinyllama.profiling import vendor
+
 
 @dataclass
 class VendorRoofline:

@@ -1,9 +1,0 @@
-"""The parts of ``tinyllama.compare``, one job each:
-
-- :mod:`~tinyllama.comparison.runs`: run specs (``"v2[fuse_qkv=0]:bf16"``) and run sets;
-- :mod:`~tinyllama.comparison.parity`: the check against V1 (logits, loss, every gradient) before timing;
-- :mod:`~tinyllama.comparison.record`: the comparison record, its table, text, plot and files;
-- :mod:`~tinyllama.comparison.regressions`: a record against an earlier one, beyond the spread;
-- :mod:`~tinyllama.comparison.targets`: the GPU measurement's run list and targets;
-- :mod:`~tinyllama.comparison.fusions`: V2's fusions: run specs, and each fusion's effect against its control.
-"""
