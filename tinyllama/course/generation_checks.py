@@ -147,6 +147,8 @@ def _probe(writer: Callable[..., Any], positions: list[int], capacity: int = 9) 
     where = torch.tensor(positions)
     try:
         returned = writer(cache_k, cache_v, where, k, v)
+    except NotImplementedError:  # an exercise not written yet: its own message says what to do
+        raise
     except Exception as error:  # noqa: BLE001 - the participant's code: say what it raised
         return f"it raised {type(error).__name__}: {error}"
     written_k = cache_k.ne(0).any(dim=(0, 1, 3)).nonzero().flatten().tolist()
