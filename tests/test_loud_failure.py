@@ -127,11 +127,15 @@ def _line_of(source: str, text: str) -> int:
     ("02", "02.3", "prediction_ok = check_batch_prediction(predicted_half_batch", ("02.3", ("predicted_half_batch",))),
     ("17", "17.5", "mfu_ok = versions.check_mfu_from_tokens(mfu_from_tokens", ("17.5", ("mfu_from_tokens",))),
     # a name the exercise cell computes from the answer (gemm_intensity = gemm_flops / gemm_bytes)
-    ("18", "18.1", 'course.check_between("GEMM intensity", gemm_intensity', ("18.1", ("gemm_intensity",))),
+    ("18", "18.1", "intensities_ok = check_gemm_and_add(gemm_intensity", ("18.1", ("add_intensity", "gemm_intensity"))),
     # a value the check cell computes from the answer before the failing line (example = torchrun_command(...))
     ("05", "05.4", 'command_ok = course.check_equal("launcher"', ("05.4", ("torchrun_command",))),
     # a model changed in place by the participant's function (repair(patient))
     ("15", "15.2", "course.checkpoint(off.empty", ("15.2", ())),
+    # a check cell after a measurement cell: the first code cell after the exercise that reads its answer
+    ("14", "14.5", "saved_ok = attention_checks.check_saved_predictions(",
+     ("14.5", ("predicted_flash_saved", "predicted_math_saved"))),
+    ("12", "12.2", "gemm_ok = check_gemm_prediction(gemm_launches", ("12.2", ("gemm_launches",))),
     # measured results in the same check cell: print only
     ("02", "02.2", "course.checkpoint(report.passed", None),
     ("02", "02.3", "bounded = course.checkpoint(all(s.bounded_by", None),
@@ -140,6 +144,21 @@ def _line_of(source: str, text: str) -> int:
 def test_only_statements_that_use_the_answer_stop_the_notebook(index, notebook, exercise, statement, loud):
     source = _check_cell(index, notebook, exercise)
     assert match_exercise(source, _line_of(source, statement), index, notebook) == loud
+
+
+def test_a_measurement_between_an_exercise_and_its_check_is_not_the_check_cell(index):
+    """Exercise 14.5: the prediction, then the memory sweep (no answer read), then the check that compares the
+    two. The check cell is the one that reads the answer; the sweep's own checks never stop the notebook."""
+    entries = [entry for found in index.values() for entry in found
+               if entry.notebook.startswith("14") and "14.5" in [a.exercise for a in entry.answers]]
+    assert len(entries) == 1
+    nb = nbformat.read(ROOT / "solutions" / entries[0].notebook, as_version=4)
+    exercise_cell = exercises(nb, "14_flash_attention")["14.5"][0]
+    sweep = nb.cells[exercise_cell + 1].source
+    assert "saved_tensor_bytes" in sweep and "predicted_" not in sweep  # the measurement sits between
+    assert entries[0].index == exercise_cell + 2
+    assert "check_saved_predictions(predicted_math_saved" in nb.cells[entries[0].index].source
+    assert match_exercise(sweep, 1, index, "14") is None
 
 
 def test_a_cell_that_is_no_check_cell_never_stops(index):
@@ -247,6 +266,32 @@ def test_in_a_shell_checks_in_other_cells_only_print(shell, capsys):
     assert result.error_in_exec is None
     assert capsys.readouterr().out.count("CHECK:") == 2
     assert ip.user_ns["ok"] is False
+
+
+def test_in_a_shell_a_check_after_a_measurement_cell_stops(tmp_path, monkeypatch, lenient, capsys):
+    """A prediction, a measurement cell, then the check of the prediction: the check stops the notebook."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    prediction = "# BEGIN SOLUTION 97.1\n# HINT: the bytes of 1000 fp32 values\npredicted_bytes = 4000\n# END SOLUTION"
+    measurement = "measured_bytes = 4 * 1000\nmeasured_ok = course.check_between('measured bytes', measured_bytes, 0, 1)"
+    check = "bytes_ok = course.check_close('predicted_bytes', predicted_bytes, measured_bytes)\nprint('after the check')"
+    nb = new_notebook(cells=[new_code_cell("from tinyllama import course"), new_markdown_cell("Exercise 97.1"),
+                             new_code_cell(prediction), new_code_cell(measurement), new_code_cell(check),
+                             new_code_cell('session.record({"bytes": predicted_bytes})')])
+    nbformat.write(nb, solutions / "97_demo.ipynb")
+    monkeypatch.setattr(exercise_stop, "_solutions", lambda: solutions)
+    ip = InteractiveShell.instance()
+    try:
+        ip.run_cell("from tinyllama import course\npredicted_bytes = 1000")  # a wrong prediction: elements, not bytes
+        assert ip.run_cell(measurement).error_in_exec is None  # its measured check only prints
+        result = ip.run_cell(check)
+    finally:
+        InteractiveShell.clear_instance()
+    out = ANSI.sub("", capsys.readouterr().out)
+    assert isinstance(result.error_in_exec, ExerciseCheckFailed) and result.error_in_exec.exercise == "97.1"
+    assert "CHECK: measured bytes" in out and "after the check" not in out
 
 
 # --- a real Jupyter kernel: the participant's notebook 02 ---------------------------------------------------

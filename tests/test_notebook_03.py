@@ -139,22 +139,59 @@ def test_conversion_share_mistakes_fail_each_with_its_own_message(notebook, mist
 
 
 @pytest.mark.parametrize("share", [0.0, 0.1])
-def test_amdahl_reference_passes(notebook, share):
+def test_amdahl_reference_passes(notebook, share, capsys):
     namespace = notebook.run("03.4", _namespace(conversion_share=share))
     assert namespace["predicted_cl_speedup"] == pytest.approx(1 / (1 - share))
+    shown = capsys.readouterr().out
+    # one PASS line, the one the stored GPU output shows: the made-up shares are checked silently
+    assert shown.count("PASS:") == 1 and "PASS: the predicted speed-up without the conversions = " in shown
 
 
-@pytest.mark.parametrize("wrong, message", [
-    ("1 + conversion_share", "only the first term of 1 / (1 - share)"),
-    ("1 - conversion_share", "the new time as a fraction of the old one"),
-    ("1 / (1 + conversion_share)", "a slow-down: removing work cannot slow the step"),
-    ("conversion_share / (1 - conversion_share)", "the gain (speed-up - 1)"),
-    ("1 / conversion_share", "divides by the conversions' share"),
-    ("1 / (1 - 100 * conversion_share)", "treats the share as a percent"),
-])
-def test_amdahl_mistakes_fail_each_with_its_own_message(notebook, wrong, message):
-    with pytest.raises(CheckpointFailed, match=re.escape(message)):
-        notebook.run("03.4", _namespace(conversion_share=0.1), ("1 / (1 - conversion_share)", wrong))
+# Each typical formula with the phrase of its own message (profiler_checks.AMDAHL_SLIPS and IGNORES_SHARE).
+AMDAHL_MISTAKES = [
+    ("1 + share", "only the first term of 1 / (1 - share)"),
+    ("1 - share", "the new time as a fraction of the old one"),
+    ("1 / (1 + share)", "a slow-down: removing work cannot slow the step"),
+    ("share / (1 - share)", "the gain (speed-up - 1)"),
+    ("1 / share", "divides by the conversions' share"),
+    ("1 / (1 - 100 * share)", "treats the share as a percent"),
+    ("1 / (1 - conversion_share)", "the same value for every share"),  # the measured share, not the argument
+]
+
+
+def _only_its_own_phrase(text: str, phrase: str) -> None:
+    assert phrase in text, text
+    others = [other for _, other in AMDAHL_MISTAKES if other != phrase and other in text]
+    assert not others, f"the feedback names other mistakes too: {others}"
+
+
+@pytest.mark.parametrize("wrong, phrase", AMDAHL_MISTAKES, ids=[w for w, _ in AMDAHL_MISTAKES])
+def test_amdahl_mistakes_fail_each_with_its_own_message(notebook, wrong, phrase):
+    with pytest.raises(CheckpointFailed) as failed:
+        notebook.run("03.4", _namespace(conversion_share=0.1), ("return 1 / (1 - share)", f"return {wrong}"))
+    _only_its_own_phrase(str(failed.value), phrase)
+
+
+@pytest.mark.parametrize("wrong, phrase", AMDAHL_MISTAKES[:3], ids=[w for w, _ in AMDAHL_MISTAKES[:3]])
+def test_on_a_cpu_the_slips_right_at_share_zero_still_fail(notebook, wrong, phrase):
+    """The ci profile on a CPU measures no conversions (share 0), where 1 + s, 1 - s and 1 / (1 + s) give the
+    right 1.0: the formula run on made-up shares still names each."""
+    assert profiler_checks.AMDAHL_SLIPS[AMDAHL_MISTAKES.index((wrong, phrase))][0](0.0) == 1.0
+    with pytest.raises(CheckpointFailed) as failed:
+        notebook.run("03.4", _namespace(conversion_share=0.0), ("return 1 / (1 - share)", f"return {wrong}"))
+    _only_its_own_phrase(str(failed.value), phrase)
+
+
+def test_every_amdahl_slip_differs_from_the_answer_and_the_others_at_the_made_up_shares():
+    shares = profiler_checks.AMDAHL_SHARES
+    rows = [[round(1 / (1 - s), 9) for s in shares]] + [[round(slip(s), 9) for s in shares]
+                                                        for slip, _ in profiler_checks.AMDAHL_SLIPS]
+    assert len({tuple(row) for row in rows}) == len(rows)
+
+
+def test_a_formula_that_raises_is_named_not_a_crash():
+    with pytest.raises(CheckpointFailed, match="speedup_without failed at the shares"):
+        profiler_checks.check_amdahl(1.0, 0.0, lambda share: share.item())
 
 
 def _resnet_namespace():

@@ -56,14 +56,14 @@ GUARD = "if saved_s > 0 else math.inf"
 
 
 @pytest.mark.parametrize("mistake, message", [
-    # the slips notebook 16 names too (compile_mode_checks.BREAK_EVEN_SLIPS)
+    # the slips of compile_checks.BREAK_EVEN_SLIPS, the one list of 06.2 and 16.3
     ((SAVED, "saved_s = eager_ms - compiled_ms"), "1000 times too few steps"),  # seconds over milliseconds
     ((GUARD, "if saved_s != 0 else math.inf"), "negative number of steps where the compiled step is slower"),
     ((" if saved_s > 0 else math.inf", ""), "divides by zero where the two steps take equal times"),
     (("compile_s / saved_s", "saved_s / compile_s"), "is upside down: it divides the time a step saves"),
     ((SAVED, "saved_s = compiled_ms / 1e3"), "counts the compiled steps that fit into the compile time"),
+    ((SAVED, "saved_s = eager_ms / 1e3"), "counts the eager steps that fit into the compile time"),
     ((GUARD, "if saved_s > 0 else None"), "where it saves nothing it returns None"),
-    # the slips compile_checks.BREAK_EVEN_SLIPS adds, for both notebooks
     (("return compile_s / saved_s", "return compile_s * 1e3 / saved_s"), "1000 times too many steps"),
     ((GUARD, "if saved_s >= 0 else math.inf"), "(> 0, not >= 0)"),  # 0 / 0 when compiled is as fast
     ((SAVED, "saved_s = (compiled_ms - eager_ms) / 1e3"), "takes the saving as compiled - eager"),
@@ -72,18 +72,24 @@ GUARD = "if saved_s > 0 else math.inf"
     (("return compile_s / saved_s", "return 2 * compile_s / saved_s"), "in one unit (seconds and milliseconds"),
 ])
 def test_break_even_mistakes_fail_each_with_its_own_message(notebook, mistake, message):
-    with pytest.raises(CheckpointFailed, match=re.escape(message)):
+    with pytest.raises(CheckpointFailed, match=re.escape(message)) as failed:
         notebook.run("06.2", _namespace(), mistake)
+    from tinyllama.course.compile_checks import BREAK_EVEN_SLIPS
+
+    others = [slip.name for slip in BREAK_EVEN_SLIPS if message not in slip.message and slip.message in str(failed.value)]
+    assert not others, f"the feedback names other mistakes too: {others}"
 
 
-def test_every_added_break_even_slip_differs_from_the_reference_and_is_named_as_itself():
+def test_every_break_even_slip_differs_from_the_reference_and_is_named_as_itself():
+    """One list of slips for 06.2 and 16.3 (compile_checks.BREAK_EVEN_SLIPS): each differs from the answer on
+    the check's cases, and the naming function names each as itself (no earlier slip answers the same)."""
     from tinyllama.course import compile_checks as cc
 
-    right = cc._answers(cc.break_even_steps, cc.BREAK_EVEN_CASES)
-    for slip, text in cc.BREAK_EVEN_SLIPS:
-        answers = cc._answers(slip, cc.BREAK_EVEN_CASES)
-        assert not all(cc._same_answer(a, b) for a, b in zip(answers, right)), text
-        assert cc.break_even_slip(slip) == text  # no earlier slip (of either list) answers the same
+    right = [cc.outcome(cc.break_even_steps, case) for case in cc.BREAK_EVEN_CASES]
+    for slip in cc.BREAK_EVEN_SLIPS:
+        answers = [cc.outcome(slip.steps, case) for case in cc.BREAK_EVEN_CASES]
+        assert not all(map(cc.same_outcome, answers, right)), slip.name
+        assert cc.name_break_even_slip(slip.steps) == slip.message
 
 
 @pytest.mark.parametrize("mistake", [

@@ -98,6 +98,12 @@ BREAK_EVEN_SLIPS = [  # (the solution's text, the slip, what the check must say)
      "counts the compiled steps that fit into the compile time"),
     ("if saved_s > 0 else math.inf", "if saved_s > 0 else 0", "where it saves nothing it returns 0"),
     ("if saved_s > 0 else math.inf", "if saved_s > 0 else None", "where it saves nothing it returns None"),
+    # the slips 06.2 names too: one list (compile_checks.BREAK_EVEN_SLIPS), each named before the catch-all
+    ("if saved_s > 0 else math.inf", "if saved_s >= 0 else math.inf", "(> 0, not >= 0)"),
+    ("return compile_s / saved_s", "return compile_s * 1e3 / saved_s", "1000 times too many steps"),
+    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = (compiled_ms - eager_ms) / 1e3",
+     "takes the saving as compiled - eager"),
+    ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = eager_ms / compiled_ms", "divides by the speed-up eager / compiled"),
 ]
 
 
@@ -123,18 +129,24 @@ def test_a_wrong_break_even_of_no_known_kind_gets_the_general_feedback(notebook)
 
 
 def test_every_break_even_slip_differs_from_the_answer_and_from_the_others():
-    """The check's cases separate each listed slip from the right answer and from every other slip."""
+    """The check's cases separate each listed slip (the one list of 06.2 and 16.3) from the right answer and from
+    every other slip, and the catch-all never hides a named slip."""
     cases = compile_checks.BREAK_EVEN_CASES
     outcomes = {}
-    for slip in compile_mode_checks.BREAK_EVEN_SLIPS:
-        got = [compile_mode_checks._outcome(slip.steps, case) for case in cases]
-        reference = [compile_mode_checks.break_even_steps(*case) for case in cases]
-        assert not all(map(compile_mode_checks._same, got, reference)), slip.name
-        assert compile_mode_checks.name_break_even_slip(slip.steps) == slip.message
+    for slip in compile_checks.BREAK_EVEN_SLIPS:
+        got = [compile_checks.outcome(slip.steps, case) for case in cases]
+        reference = [compile_checks.break_even_steps(*case) for case in cases]
+        assert not all(map(compile_checks.same_outcome, got, reference)), slip.name
+        assert compile_checks.name_break_even_slip(slip.steps) == slip.message
         outcomes[slip.name] = got
     for a in outcomes:
         for b in outcomes:
-            assert a == b or not all(map(compile_mode_checks._same, outcomes[a], outcomes[b])), (a, b)
+            assert a == b or not all(map(compile_checks.same_outcome, outcomes[a], outcomes[b])), (a, b)
+
+
+def test_the_two_break_even_checks_share_one_slip_model():
+    assert not hasattr(compile_mode_checks, "BREAK_EVEN_SLIPS") and not hasattr(compile_mode_checks, "NEVER_PAYS")
+    assert compile_mode_checks.name_break_even_slip is compile_checks.name_break_even_slip
 
 
 def test_break_even_sentence():

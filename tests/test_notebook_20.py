@@ -7,6 +7,7 @@ import re
 import pytest
 from notebook_exercises import SolutionExercises
 
+from tinyllama.course import finetune_checks
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.results import checkout_root
 
@@ -20,7 +21,7 @@ import pandas as pd
 import torch
 from tinyllama import course
 from tinyllama.config import make_config
-from tinyllama.course import get_profile
+from tinyllama.course import finetune_checks, get_profile
 from tinyllama.costs.memory_estimate import CHECKPOINT_TERM, block_terms, estimate_memory, measure_activation_terms, model_layout
 from tinyllama.models import build
 from tinyllama.harness.sweep import STATUS_OK, RunConfig
@@ -51,14 +52,68 @@ def test_the_reference_answers_pass(notebook):
         _run(notebook, exercise)
 
 
-@pytest.mark.parametrize("mistake", [
-    ("swiglu_fp32 = 4 * B_mem", "swiglu_fp32 = 3 * B_mem"),  # the product that down_proj reads forgotten
-    ("swiglu_bf16 = 4 * B_mem * S_mem * I * 2", "swiglu_bf16 = 4 * B_mem * S_mem * I * 4"),  # bf16 counted as fp32
-    ("swiglu_fp32 = 4 * B_mem * S_mem * I * 4", "swiglu_fp32 = 4 * B_mem * S_mem * config.hidden_dim * 4"),  # h for I
-])
-def test_swiglu_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
+def _only(message: str, phrase: str, phrases: list[str]) -> None:
+    """``message`` says ``phrase`` and none of the other slips' ``phrases``."""
+    assert phrase in message, message
+    others = [other for other in phrases if other != phrase and other in message]
+    assert not others, f"the feedback names other mistakes too: {others}"
+
+
+FP32, BF16 = "swiglu_fp32 = 4 * B_mem * S_mem * I * 4", "swiglu_bf16 = 4 * B_mem * S_mem * I * 2"
+SWIGLU_MISTAKES = [  # (old, new), the phrase of its own message
+    (("swiglu_fp32 = 4 * B_mem", "swiglu_fp32 = 3 * B_mem"), "the backward also needs a fourth"),  # the product forgotten
+    ((BF16, "swiglu_bf16 = 4 * B_mem * S_mem * I * 4"), "2 bytes per value, not the 4 of fp32"),  # bf16 counted as fp32
+    ((FP32, "swiglu_fp32 = 4 * B_mem * S_mem * config.hidden_dim * 4"), "with the intermediate size I"),  # h for I
+    ((FP32, "swiglu_fp32 = 4 * B_mem * S_mem * I"), "that counts values, not bytes"),  # elements, no bytes
+    ((FP32, FP32 + " / 2**20"), "that is in MiB (divided by 2**20)"),  # the MiB the cell prints
+]
+
+
+@pytest.mark.parametrize("mistake, phrase", SWIGLU_MISTAKES, ids=[p for _, p in SWIGLU_MISTAKES])
+def test_swiglu_mistakes_fail(notebook, mistake, phrase):
+    with pytest.raises(CheckpointFailed) as failed:
         _run(notebook, "20.1", mistake)
+    _only(str(failed.value), phrase, [p for _, p in SWIGLU_MISTAKES])
+
+
+def test_a_swiglu_slip_in_both_answers_is_named_by_both():
+    """Where the intermediate size is twice the hidden size, values without bytes and the hidden size for I give
+    one number in bf16 (4 B S I = 8 B S h): the fp32 answer decides which mistake is named."""
+    slips = finetune_checks.swiglu_slips(2, 10, 8, 4)  # batch 2, sequence 10, I = 8 = 2 h
+    elements = finetune_checks.name_count_slip(640, "bf16", slips, {"fp32": 640, "bf16": 640})
+    hidden = finetune_checks.name_count_slip(640, "bf16", slips, {"fp32": 1280, "bf16": 640})
+    assert (elements.name, hidden.name) == ("elements", "hidden for intermediate")
+
+
+KEPT = "kept_per_block = current.micro_batch * current.seq_len * config.hidden_dim * 4"
+EVERY_TENSOR = ("kept_per_block = sum(block_terms(config, current.micro_batch, current.seq_len, current.precision, "
+                "model_layout(build(current.version, config, **current.model_options), device, current.precision))"
+                ".values())")
+TRADE_MISTAKES = [
+    (("config.hidden_dim * 4", "config.hidden_dim * 2"), "stays fp32 (4 bytes) also under autocast"),  # bf16 residual
+    ((KEPT, EVERY_TENSOR), "what a block keeps without checkpointing"),  # every tensor, not only the input
+    ((KEPT, KEPT + " * config.num_layers"), "every block's input together"),  # all blocks, not one
+    ((KEPT, KEPT[:-len(" * 4")]), "counts values, not bytes"),  # values, no bytes
+    ((KEPT, KEPT + " / 2**20"), "that is in MiB"),  # the MiB the cell prints
+    (("recompute_fraction = 1 / 3", "recompute_fraction = 1.0"), "recomputes the whole step"),
+    (("recompute_fraction = 1 / 3", "recompute_fraction = 1 / 2"), "counts the backward as one forward"),
+    (("recompute_fraction = 1 / 3", "recompute_fraction = 1 / 4"), "a share of the step with checkpointing"),
+    (("recompute_fraction = 1 / 3", "recompute_fraction = 100 / 3"), "that is a percent"),
+]
+
+
+@pytest.mark.parametrize("mistake, phrase", TRADE_MISTAKES, ids=[p for _, p in TRADE_MISTAKES])
+def test_checkpointing_trade_mistakes_fail(notebook, mistake, phrase):
+    with pytest.raises(CheckpointFailed) as failed:
+        _run(notebook, "20.3", mistake)
+    _only(str(failed.value), phrase, [p for _, p in TRADE_MISTAKES])
+
+
+def test_a_quarter_fails_though_it_lies_on_the_range():
+    """1/4 is the plausible range's low edge, but it is the share of the checkpointed step: named, not passed."""
+    with pytest.raises(CheckpointFailed, match="with checkpointing"):
+        finetune_checks.check_recompute_fraction(0.25)
+    assert finetune_checks.check_recompute_fraction(0.3)
 
 
 # Each typical mistake in the keep rule fails the check at its own case (the first one it gets wrong), so
@@ -106,15 +161,6 @@ def test_keep_best_keeps_nothing_on_noise(notebook):
     clear = pd.DataFrame([baseline, pd.Series(dict(zip(columns, ["clear", STATUS_OK, 80.0, 78.0, 85.0, 0.0, 900.0])))])
     assert keep_best(clear, baseline, 0.03, 1000.0) == "clear"
     assert keep_best(clear, baseline, 0.03, 800.0) is None  # the same clear gain over the budget is not kept
-
-
-@pytest.mark.parametrize("mistake", [
-    ("config.hidden_dim * 4", "config.hidden_dim * 2"),  # the residual stream taken as bf16 under autocast
-    ("recompute_fraction = 1 / 3", "recompute_fraction = 1.0"),  # the whole step recomputed
-])
-def test_checkpointing_trade_mistakes_fail(notebook, mistake):
-    with pytest.raises(CheckpointFailed):
-        _run(notebook, "20.3", mistake)
 
 
 # Each typical mistake in finding the largest micro-batch within the budget fails at its own case.

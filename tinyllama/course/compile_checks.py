@@ -5,13 +5,17 @@ likely mistake:
   (``gone``, ``fewer``, ``same``) against the calls per step the profiler counted, eager and compiled;
 - :func:`check_backend_reader`: a function that names the SDPA backend from the operator and kernel
   names of a profile, on the names each backend leaves and on the notebook's own profile;
-- :func:`check_break_even`: a function for the steps after which a compile pays for itself.
+- :func:`check_break_even`: a function for the steps after which a compile pays for itself (notebook 06's
+  exercise 06.2; notebook 16's 16.3 is checked on the same cases by
+  :func:`tinyllama.course.compile_mode_checks.check_break_even_steps`). The typical mistakes of both
+  exercises live here, in one list (:data:`BREAK_EVEN_SLIPS`, named by :func:`name_break_even_slip`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -119,81 +123,112 @@ BREAK_EVEN_CASES: tuple[tuple[float, float, float], ...] = ((30.0, 50.0, 25.0), 
                                                             (40.0, 20.0, 25.0), (5.0, 8.0, 8.0))
 
 
+@dataclass(frozen=True)
+class BreakEvenSlip:
+    """A typical wrong ``break_even(compile_s, eager_ms, compiled_ms)`` and what to say about it (``message``
+    completes the sentence "break_even ...")."""
+
+    name: str
+    steps: Callable[[float, float, float], float]
+    message: str
+
+
 def _saved_s(eager_ms: float, compiled_ms: float) -> float:
     return (eager_ms - compiled_ms) / 1e3
 
 
-# Typical wrong break-even functions (exercises 06.2 and 16.3) beyond those of
-# :data:`tinyllama.course.compile_mode_checks.BREAK_EVEN_SLIPS` (milliseconds, upside down, negative, no guard,
-# whole steps, never pays), each with what it gets wrong. A slip is named when the participant's function
-# answers every case of BREAK_EVEN_CASES as it does (raising included).
-BREAK_EVEN_SLIPS: tuple[tuple[Callable[[float, float, float], float], str], ...] = (
-    (lambda c, e, k: c * 1e3 / _saved_s(e, k) if e > k else math.inf,
-     ("Your break_even gives 1000 times too many steps: the compile time was turned into milliseconds while the "
-     "saving is already in seconds; convert only one of the two.")),
-    (lambda c, e, k: c / _saved_s(e, k) if e >= k else math.inf,
-     ("Your break_even divides by zero where the compiled step is exactly as fast as the eager one: a step that "
-     "saves nothing never pays, so return math.inf whenever the saving is not positive (> 0, not >= 0).")),
-    (lambda c, e, k: c / ((k - e) / 1e3) if k > e else math.inf,
-     ("Your break_even takes the saving as compiled - eager: a step saves eager_ms - compiled_ms, which is "
-     "positive when the compiled step is faster.")),
-    (lambda c, e, k: c / (e / k),
-     ("Your break_even divides by the speed-up eager / compiled: a ratio is not a saving; divide the compile time "
-     "by the time each step saves, eager_ms - compiled_ms, in seconds.")),
+# The typical wrong break-even functions of exercises 06.2 and 16.3 (one list for both notebooks), each with
+# what it gets wrong. A slip is named when the participant's function answers every case of BREAK_EVEN_CASES
+# as it does (raising included); BREAK_EVEN_CASES separate every slip from the answer and from each other.
+BREAK_EVEN_SLIPS: tuple[BreakEvenSlip, ...] = (
+    BreakEvenSlip("milliseconds", lambda c, e, k: c / (e - k) if e > k else math.inf,
+                  "gives 1000 times too few steps: the compile is in seconds and the saving per step in milliseconds; "
+                  "turn eager_ms - compiled_ms into seconds before dividing"),
+    BreakEvenSlip("milliseconds twice", lambda c, e, k: c * 1e3 / _saved_s(e, k) if e > k else math.inf,
+                  "gives 1000 times too many steps: the compile time was turned into milliseconds while the saving "
+                  "is already in seconds; convert only one of the two"),
+    BreakEvenSlip("upside down", lambda c, e, k: _saved_s(e, k) / c if e > k else math.inf,
+                  "is upside down: it divides the time a step saves by the compile time; the steps are the compile "
+                  "time over the time each step saves"),
+    BreakEvenSlip("negative", lambda c, e, k: c / _saved_s(e, k) if e != k else math.inf,
+                  "returns a negative number of steps where the compiled step is slower: a step that saves nothing "
+                  "or loses time never pays back the compile, so return math.inf whenever eager_ms - compiled_ms <= 0, "
+                  "not only when they are equal"),
+    BreakEvenSlip("no guard", lambda c, e, k: c / _saved_s(e, k),
+                  "divides by zero where the two steps take equal times (and gives a negative count where the compiled "
+                  "step is slower): return math.inf when the compiled step saves nothing"),
+    BreakEvenSlip("guard >= 0", lambda c, e, k: c / _saved_s(e, k) if e >= k else math.inf,
+                  "divides by zero where the compiled step is exactly as fast as the eager one: a step that saves "
+                  "nothing never pays, so return math.inf whenever the saving is not positive (> 0, not >= 0)"),
+    BreakEvenSlip("compiled - eager", lambda c, e, k: c / ((k - e) / 1e3) if k > e else math.inf,
+                  "takes the saving as compiled - eager: a step saves eager_ms - compiled_ms, which is positive when "
+                  "the compiled step is faster"),
+    BreakEvenSlip("speed-up", lambda c, e, k: c / (e / k),
+                  "divides by the speed-up eager / compiled: a ratio is not a saving; divide the compile time by the "
+                  "time each step saves, eager_ms - compiled_ms, in seconds"),
+    BreakEvenSlip("eager steps in the compile", lambda c, e, k: c / (e / 1e3),
+                  "counts the eager steps that fit into the compile time; the compile pays for itself through what "
+                  "each compiled step saves (eager_ms - compiled_ms), not through the whole step"),
+    BreakEvenSlip("compiled steps in the compile", lambda c, e, k: c / (k / 1e3),
+                  "counts the compiled steps that fit into the compile time; the compile pays for itself through what "
+                  "each compiled step saves (eager_ms - compiled_ms), not through the whole step"),
 )
 
-
-def _answers(function: Callable[..., Any], cases: Sequence[tuple[float, ...]]) -> list[Any]:
-    """``function(*case)`` for each case, or the type of the exception it raised."""
-    out: list[Any] = []
-    for case in cases:
-        try:
-            out.append(function(*case))
-        except NotImplementedError:
-            raise
-        except Exception as error:  # noqa: BLE001 - a raise is an answer the slips can share
-            out.append(type(error))
-    return out
+# The catch-all, tried after every slip of BREAK_EVEN_SLIPS: right wherever the compiled step is faster,
+# wrong (not negative) where it saves nothing.
+NEVER_PAYS = ("is right where the compiled step is faster, but where it saves nothing it returns {answer}: a compile "
+              "that saves nothing never pays for itself, so return math.inf there (not 0, None or -1)")
 
 
-def _same_answer(a: Any, b: Any) -> bool:
-    if isinstance(a, type) or isinstance(b, type):
-        return a is b
+def outcome(fn: Callable[..., Any], args: tuple[float, float, float]) -> Any:
+    """``fn(*args)``, or the type of the exception it raised (a slip may divide by zero as the answer does)."""
     try:
-        a, b = float(a), float(b)
-    except (TypeError, ValueError):
-        return False
-    return a == b or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        return fn(*args)
+    except NotImplementedError:  # an exercise not written yet: its own message says what to do
+        raise
+    except Exception as error:  # noqa: BLE001 - a participant's answer may raise anything: compared by type
+        return type(error)
 
 
-def break_even_slip(candidate: Callable[[float, float, float], float]) -> str | None:
-    """What is wrong with ``candidate`` when it answers every case of :data:`BREAK_EVEN_CASES` as a typical
-    mistake does: those of :func:`tinyllama.course.compile_mode_checks.name_break_even_slip` first, then
-    :data:`BREAK_EVEN_SLIPS`; ``None`` when it is right or wrong in no typical way."""
-    from tinyllama.course.compile_mode_checks import (  # it imports this module
-        NEVER_PAYS,
-        name_break_even_slip,
-    )
+def same_outcome(answer: Any, expected: Any) -> bool:
+    """Two outcomes agree: the same exception type, both infinite of one sign, or numbers within 1e-6."""
+    if isinstance(expected, type) or isinstance(answer, type):
+        return answer is expected
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not isinstance(expected, (int, float)):
+        try:
+            answer = float(answer)  # a NumPy or 0-d tensor answer
+        except (TypeError, ValueError):
+            return False
+    if math.isinf(expected) or math.isinf(answer):
+        return answer == expected
+    return math.isclose(answer, expected, rel_tol=1e-6, abs_tol=1e-9)
 
-    named = name_break_even_slip(candidate, BREAK_EVEN_CASES)
-    # Its catch-all ("right where faster, wrong where it saves nothing") comes after the exact slips of both lists.
-    catch_all = named is not None and named.startswith(NEVER_PAYS.split("{answer}")[0])
-    if named is not None and not catch_all:
-        return f"Your break_even {named}."
-    yours = _answers(candidate, BREAK_EVEN_CASES)
-    if all(_same_answer(a, b) for a, b in zip(yours, _answers(break_even_steps, BREAK_EVEN_CASES))):
+
+def name_break_even_slip(candidate: Callable[[float, float, float], Any],
+                         cases: Sequence[tuple[float, float, float]] = BREAK_EVEN_CASES) -> str | None:
+    """What is wrong with ``candidate`` on ``cases``, in words that complete "break_even ...", when it
+    reproduces a slip of :data:`BREAK_EVEN_SLIPS`, else when it is right only where the compiled step is
+    faster (:data:`NEVER_PAYS`, after every named slip); ``None`` when it is right on every case or wrong
+    in a way no slip explains. Used by the checks of exercises 06.2 and 16.3."""
+    answers = [outcome(candidate, case) for case in cases]
+    expected = [break_even_steps(*case) for case in cases]
+    if all(same_outcome(a, e) for a, e in zip(answers, expected)):
         return None
-    for slip, text in BREAK_EVEN_SLIPS:
-        if all(_same_answer(a, b) for a, b in zip(yours, _answers(slip, BREAK_EVEN_CASES))):
-            return text
-    return f"Your break_even {named}." if named is not None else None
+    for slip in BREAK_EVEN_SLIPS:
+        if all(same_outcome(a, outcome(slip.steps, case)) for a, case in zip(answers, cases)):
+            return slip.message
+    faster = [math.isfinite(e) for e in expected]
+    if all(same_outcome(a, e) for a, e, f in zip(answers, expected, faster) if f):
+        wrong = next(a for a, e, f in zip(answers, expected, faster) if not f and not same_outcome(a, e))
+        return NEVER_PAYS.format(answer=wrong.__name__ if isinstance(wrong, type) else repr(wrong))
+    return None
 
 
 def check_break_even(candidate: Callable[[float, float, float], float]) -> bool:
     """``candidate(compile_s, eager_ms, compiled_ms)`` gives the steps after which the compile has paid
     for itself, ``math.inf`` when the compiled step is not faster (units: seconds and milliseconds). A
-    wrong function is compared with the typical mistakes (:func:`break_even_slip`) on the same cases and
-    the one it reproduces is named."""
+    wrong function is compared with the typical mistakes (:func:`name_break_even_slip`) on the same cases and
+    the one it reproduces is named (exercise 06.2)."""
     cases = []
     for compile_s, eager_ms, compiled_ms in BREAK_EVEN_CASES:
         expected = break_even_steps(compile_s, eager_ms, compiled_ms)
@@ -206,7 +241,8 @@ def check_break_even(candidate: Callable[[float, float, float], float]) -> bool:
                               lambda a, e=expected: isinstance(a, (int, float)) and math.isclose(a, e, rel_tol=1e-6,
                                                                                                 abs_tol=1e-9),
                               "the compile time over the time each step saves, both in seconds", f"{expected:g}"))
-    hint = break_even_slip(candidate) or (
+    named = name_break_even_slip(candidate)
+    hint = f"Your break_even {named}." if named is not None else (
         "Divide the compile time by the time each step saves, in one unit (seconds and milliseconds differ by "
         "1000), and return math.inf when the compiled step saves nothing.")
     return check_cases("break_even", candidate, cases, hint=hint)
@@ -250,5 +286,6 @@ def describe_break_even(compile_s: float, eager_ms: float, compiled_ms: float) -
             f"{format_duration(steps * compiled_ms / 1e3, eager_s)} compiled")
 
 
-__all__ = ["BACKEND_CASES", "BREAK_EVEN_CASES", "FATES", "check_backend_reader", "check_break_even",
-           "check_operator_fates", "describe_break_even", "format_duration"]
+__all__ = ["BACKEND_CASES", "BREAK_EVEN_CASES", "BREAK_EVEN_SLIPS", "FATES", "NEVER_PAYS", "BreakEvenSlip",
+           "check_backend_reader", "check_break_even", "check_operator_fates", "describe_break_even", "format_duration",
+           "name_break_even_slip", "outcome", "same_outcome"]

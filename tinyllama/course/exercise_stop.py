@@ -9,7 +9,8 @@ of a traceback, through IPython's ``_render_traceback_``.
 
 Which failed checks are an exercise's? A checkpoint that fails (:func:`tinyllama.course.checkpoints.checkpoint`)
 asks :func:`failing_exercise`: the notebook cell that called it must be the check cell of an exercise
-(the first code cell after the exercise's cell in its solution notebook, recognised by its source),
+(in its solution notebook, the first code cell after the exercise's cell that reads a name of the answer,
+usually the next one: a measurement may run between a prediction and its check; recognised by its source),
 and the statement of that cell that made the failing call must use a name the exercise's answer
 defines (the function or variable the participant wrote). A plausibility check on a measured result
 (a device rate, a timing ratio, a measured correctness) is not the participant's answer: it prints
@@ -232,10 +233,36 @@ def answer_names(source: str, first_line: int, exercise: str = "") -> Answer:
     return Answer(exercise, frozenset(shown), frozenset(derived_names(tree.body, names | around)))
 
 
+def _cell_reads(source: str) -> set[str]:
+    """The names a cell's code reads (none when it does not parse: a cell of shell commands)."""
+    from tinyllama.course.reveal import _runnable
+
+    try:
+        return _reads(ast.parse(_runnable(source)))
+    except SyntaxError:
+        return set()
+
+
+def _check_cell_index(cells: list, cell: int, exercise_cells: set[int], answer: Answer) -> int | None:
+    """The index of the check cell of the exercise in cell ``cell``: the first code cell after it that reads a
+    name its answer defines, before the next exercise's cell (a measurement may run between the answer and its
+    check, as in a prediction that the check compares with what was measured); where no such cell is found, the
+    first code cell after it. ``None`` when that is another exercise's cell."""
+    code = [i for i in range(cell + 1, len(cells)) if cells[i].cell_type == "code"]
+    if not code or code[0] in exercise_cells:
+        return None
+    if answer.names:
+        for index in code:
+            if index in exercise_cells:
+                break
+            if _cell_reads(cells[index].source) & answer.names:
+                return index
+    return code[0]
+
+
 def check_cells(solutions: Path) -> dict[str, list[CheckCell]]:
     """Normalised source of every exercise's check cell in ``solutions/*.ipynb`` -> where it is and
-    which exercises it checks. An exercise's check cell is the first code cell after its cell, unless
-    that is another exercise's cell."""
+    which exercises it checks (see :func:`_check_cell_index`)."""
     import nbformat
 
     from tinyllama.course.make_notebooks import exercises
@@ -250,10 +277,10 @@ def check_cells(solutions: Path) -> dict[str, list[CheckCell]]:
         exercise_cells = {cell for cell, _ in found.values()}
         checked: dict[int, list[Answer]] = {}
         for exercise, (cell, block) in sorted(found.items(), key=lambda item: item[1][0]):
-            after = next((i for i in range(cell + 1, len(nb.cells)) if nb.cells[i].cell_type == "code"), None)
-            if after is None or after in exercise_cells:
-                continue
-            checked.setdefault(after, []).append(answer_names(nb.cells[cell].source, block.first_line, exercise))
+            answer = answer_names(nb.cells[cell].source, block.first_line, exercise)
+            after = _check_cell_index(nb.cells, cell, exercise_cells, answer)
+            if after is not None:
+                checked.setdefault(after, []).append(answer)
         for cell, answers in checked.items():
             entry = CheckCell(path.name, cell, tuple(answers))
             index.setdefault(_normalise(nb.cells[cell].source), []).append(entry)
