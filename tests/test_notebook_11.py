@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tinyllama.config import get_preset
-from tinyllama.course import bottlenecks
+from tinyllama.course import bottlenecks, feedback
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.harness.bench import TrainingStep, make_batches
 from tinyllama.models import build
@@ -316,4 +316,4 @@ def test_every_listed_slip_differs_from_the_answer_on_the_checks_shapes():
              [(1,), (9,), (40,)])):
         for slip in slips:
             if slip.function is not None:
-                assert bottlenecks.name_slip(slip.function, reference, make_inputs, shapes, slips, 0.0, 1e-6) is slip
+                assert feedback.name_slip(slip.function, reference, make_inputs, shapes, slips, 0.0, 1e-6) is slip

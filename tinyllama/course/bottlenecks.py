@@ -20,14 +20,13 @@ The categories are those of :data:`CATEGORIES`; each one is the target of one re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
 
 from tinyllama.course.checkpoints import check_between, checkpoint
-from tinyllama.course.feedback import check_function, compare_outputs
+from tinyllama.course.feedback import Slip, check_function_slips, slip_hint
 
 CATEGORIES = ("attention", "attn_proj", "ffn", "norm", "elementwise", "other")
 LABELS = {
@@ -121,17 +120,6 @@ _MFU_SLIPS = [
 ]
 
 
-def slip_hint(value: float, expected: float, slips: list[tuple[float, str]], tolerance: float = 0.1) -> str:
-    """The slip whose factor ``value / expected`` matches (within ``tolerance``, relative), else ''."""
-    if not (math.isfinite(value) and expected and value):
-        return ""
-    ratio = value / expected
-    for factor, text in slips:
-        if abs(ratio / factor - 1) <= tolerance:
-            return text
-    return ""
-
-
 def check_mfu(mfu: float, forward_flops: float, step_ms: float, ceiling_tflops: float) -> bool:
     """``mfu`` (a fraction) against the FLOPs of one training step (3 x ``forward_flops``: the backward
     does twice the forward's matmul work) / step time / measured ceiling."""
@@ -141,82 +129,6 @@ def check_mfu(mfu: float, forward_flops: float, step_ms: float, ceiling_tflops: 
     return check_between("MFU", float(mfu), 0.97 * expected, 1.03 * expected, hint=hint,
                          why=f"FLOPs of one training step (3 x forward = {training_flops:.3g}) / step time ({step_ms:.4g} ms) / "
                              f"the measured ceiling ({ceiling_tflops:.4g} TFLOP/s) gives {expected:.4g}.")
-
-
-@dataclass(frozen=True)
-class Slip:
-    """A typical wrong answer to a function exercise: ``function`` computes it on the same inputs (or, for an
-    answer that cannot run, ``error`` is a phrase of the error it raises), ``message`` says what went wrong."""
-
-    name: str
-    message: str
-    function: Callable[..., Any] | None = None
-    error: str = ""
-
-
-def _outputs(value: Any) -> tuple[Any, ...]:
-    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-
-
-def _agree(actual: Sequence[Any], expected: Sequence[Any], atol: float, rtol: float) -> bool:
-    if len(actual) != len(expected):
-        return False
-    try:
-        return all(compare_outputs(a, e, atol, rtol).ok for a, e in zip(actual, expected))
-    except Exception:  # noqa: BLE001 - an output that is no tensor or number is no match
-        return False
-
-
-def name_slip(candidate: Callable[..., Any], reference: Callable[..., Any],
-              make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Sequence[tuple[int, ...]],
-              slips: Sequence[Slip], atol: float, rtol: float, seed: int = 0) -> Slip | None:
-    """The first of ``slips`` that ``candidate`` reproduces on every shape where it differs from ``reference``
-    (the same seeded inputs for all three); ``None`` when it agrees everywhere or reproduces none of them."""
-
-    def inputs(shape: tuple[int, ...]) -> tuple[Any, ...]:  # fresh copies each time: an answer may write to them
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return tuple(make_inputs(shape))
-
-    wrong_on = []  # (shape, expected, actual or None, error or None) where the answer is wrong
-    for shape in shapes:
-        expected = _outputs(reference(*inputs(shape)))
-        try:
-            actual, error = _outputs(candidate(*inputs(shape))), None
-        except NotImplementedError:
-            raise
-        except Exception as raised:  # noqa: BLE001 - the participant's code: a slip may explain the error
-            actual, error = None, raised
-        if error is not None or not _agree(actual, expected, atol, rtol):
-            wrong_on.append((shape, expected, actual, error))
-
-    def reproduces(slip: Slip, shape: tuple[int, ...], expected: Any, actual: Any, error: Exception | None) -> bool:
-        if error is not None and slip.error and slip.error in str(error):
-            return True
-        if slip.function is None:
-            return False
-        try:
-            wrong = _outputs(slip.function(*inputs(shape)))
-        except Exception as raised:  # noqa: BLE001 - a slip that fails: the answer must fail the same way
-            return error is not None and type(raised) is type(error) and str(raised) == str(error)
-        return (error is None and not _agree(wrong, expected, atol, rtol)
-                and _agree(actual, wrong, atol, rtol))
-
-    if not wrong_on:
-        return None
-    return next((slip for slip in slips if all(reproduces(slip, *case) for case in wrong_on)), None)
-
-
-def check_function_slips(name: str, candidate: Callable[..., Any], reference: Callable[..., Any],
-                         make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Sequence[tuple[int, ...]],
-                         slips: Sequence[Slip], atol: float, rtol: float, hint: str) -> bool:
-    """:func:`tinyllama.course.feedback.check_function` on ``shapes``, but a wrong answer that reproduces one
-    of ``slips`` fails with that slip's message instead of the general ``hint``."""
-    slip = name_slip(candidate, reference, make_inputs, shapes, slips, atol, rtol)
-    if slip is not None:
-        shown = ", ".join(str(tuple(shape)) for shape in shapes)
-        return checkpoint(False, "", f"{name} differs from the reference on inputs of shapes {shown}: {slip.message}")
-    return check_function(name, candidate, reference, make_inputs, shapes=shapes, atol=atol, rtol=rtol, hint=hint)
 
 
 def _roof_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, float, float]:

@@ -23,8 +23,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from tinyllama.course.bottlenecks import slip_hint
 from tinyllama.course.checkpoints import check_between, check_equal, checkpoint
+from tinyllama.course.feedback import slip_hint
 
 # Convolutions a network like ResNet does not have, each with its input shape: grouped, strided, dilated,
 # padded, with a kernel that is not square, on an odd image; and a plain 1x1 on a batch of one.

@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from tinyllama.course.bottlenecks import Slip, check_function_slips
 from tinyllama.course.checkpoints import check_allclose, checkpoint
+from tinyllama.course.feedback import Slip, check_function_slips
 from tinyllama.harness.comparison.fusions import FUSIONS, fusion_effects, fusion_label, fusion_runs, timed_run, verdict  # noqa: F401
 from tinyllama.timing import HOST_BOUND_SHARE, time_samples  # noqa: F401 (notebook 12 imports it from here)
 

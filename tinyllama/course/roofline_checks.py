@@ -26,8 +26,8 @@ import pandas as pd
 
 from tinyllama.config import ModelConfig
 from tinyllama.costs import intensity
-from tinyllama.course.bottlenecks import slip_hint
 from tinyllama.course.checkpoints import check_between, checkpoint
+from tinyllama.course.feedback import slip_hint
 from tinyllama.profiling import roofline
 
 # ---- exercises 18.1 and 18.2: the intensities of four kernels -------------------------------------------------

@@ -18,13 +18,13 @@ from collections.abc import Callable
 import pandas as pd
 
 from inference.recorded import RecordedScaling
-from tinyllama.course.bottlenecks import slip_hint
 from tinyllama.course.checkpoints import (
     check_between,
     check_close,
     check_equal,
     checkpoint,
 )
+from tinyllama.course.feedback import slip_hint
 
 
 def split_slips(recorded: RecordedScaling) -> list[tuple[float, str]]:

@@ -24,9 +24,8 @@ import torch
 
 from tinyllama.config import ModelConfig, get_preset
 from tinyllama.costs import flops as model_flops
-from tinyllama.course.bottlenecks import slip_hint
 from tinyllama.course.checkpoints import check_between, checkpoint
-from tinyllama.course.feedback import check_function
+from tinyllama.course.feedback import check_function, slip_hint
 from tinyllama.course.results import latest
 from tinyllama.harness.comparison.parity import TOLERANCES
 from tinyllama.harness.comparison.runs import parse_run
