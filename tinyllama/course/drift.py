@@ -116,6 +116,7 @@ LABELS: tuple[Label, ...] = (
     # 20's reference (hidden 512) is launch-bound: its step, and every speed-up measured from it, follow the host.
     Label("20_*", "reference_step_ms", "the lab's reference is launch-bound at its small hidden size: host time"),
     Label("20_*", "*speedup*", "speed-ups over the launch-bound reference step"),
+    Label("20_*", "final_step_ms", "eager step of the final configuration: small kernels, part host time"),
     # 19 counts what the results folder holds, which depends on what ran before it in that folder.
     Label("19_*", "*_recorded", "how many records the results folder holds: what ran before in it", RUN_SPECIFIC),
     # 22 decodes one token at batch 1 eagerly: hundreds of small launches, bound by the host.
