@@ -153,7 +153,7 @@ def test_twice_runs_at_once_one_a_gpu_each_with_its_own_results_and_compares(tmp
     monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.setattr(rs.dev, "gpu_count", lambda: 2)
     monkeypatch.setattr(rs.dev, "visible_devices_variable", lambda: "CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(rs.dev, "visible_device_environment", lambda index: {"CUDA_VISIBLE_DEVICES": str(index)})
+    monkeypatch.setattr(rs.dev, "visible_device_environment", lambda index, count: {"CUDA_VISIBLE_DEVICES": str(index)})
     output = tmp_path / "twice"
     code = rs.main(["--solutions", str(directory), "--output", str(output), "--profile", "ci", "--twice"])
     printed = capsys.readouterr().out
@@ -196,3 +196,39 @@ def test_a_child_sees_one_gpu_through_its_vendors_variable(monkeypatch, backend,
     assert dev.visible_device_environment(1) == {variable: "GPU-5d1c"}
     with pytest.raises(dev.DeviceUnavailable, match="GPU 2 was asked for, but this process sees 2 GPU"):
         dev.visible_device_environment(2)
+    # A run of two GPUs (05, 21): the entries at those positions, in order.
+    monkeypatch.setattr(dev, "gpu_count", lambda: 4)
+    monkeypatch.setenv(variable, "4,5,6,7")
+    assert dev.visible_device_environment(2, 2) == {variable: "6,7"}
+    with pytest.raises(dev.DeviceUnavailable, match="GPUs 3-4 were asked for, but this process sees 4 GPU"):
+        dev.visible_device_environment(3, 2)
+
+
+def test_twice_gives_each_run_its_own_compiler_caches_and_gpus(tmp_path, monkeypatch):
+    # Two runs of two GPUs each on four: each child sees its own pair and writes its own compiler caches.
+    started = []
+
+    class Child:
+        stdout = iter(["ok     00_ok (1 s)\n"])
+
+        def __init__(self, command, env, **_):
+            started.append(env)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(rs.subprocess, "Popen", Child)
+    monkeypatch.setattr(rs.dev, "visible_devices_variable", lambda: "CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(rs.dev, "gpu_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(rs, "report_drift", lambda a, b, output: 0)
+    monkeypatch.setattr(rs.drift, "load_run", lambda folder: folder)
+    assert rs.run_twice(["--profile", "ci"], tmp_path, gpus=4, per_run=2) == 0
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in started] == ["0,1", "2,3"]
+    caches = {env[key] for env in started for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    assert len(caches) == 4 and all(str(tmp_path) in cache for cache in caches)
+
+
+def test_gpus_per_run_goes_with_twice(solutions, capsys):
+    assert rs.main(["--solutions", str(solutions), "--profile", "ci", "--gpus-per-run", "2"]) == 2
+    assert "--gpus-per-run N (N of 1 or more) goes with --twice" in capsys.readouterr().err

@@ -192,9 +192,10 @@ def test_the_command_passes(notebook, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mistake", [
     ('"--batch-size", str(k * per_gpu_batch)', '"--batch-size", str(per_gpu_batch)'),  # the per-GPU batch as global
-    ('"-m", "torch.distributed.run", "--nproc-per-node", str(k), ', '"-m", "torch.distributed.run", '),
+    ('"--standalone", "--nproc-per-node", str(k),', '"--standalone",'),  # one process
     ('"--json", str(json_file), ', ""),  # nothing to read back
     ('"--iterations", str(sizes.inference_steps)', '"--iterations", "20"'),
+    ('"torch.distributed.run", "--standalone", ', '"torch.distributed.run", '),  # every launch on port 29500
 ])
 def test_command_mistakes_fail(notebook, tmp_path, monkeypatch, mistake):
     monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))

@@ -191,18 +191,22 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def visible_device_environment(index: int) -> dict[str, str]:
-    """The environment for a child process that is to see one GPU only, the ``index``-th one this process
-    sees (it becomes the child's ``cuda:0``): this back end's variable (:func:`visible_devices_variable`)
-    set to that GPU. Where this process's own variable already lists GPUs (``CUDA_VISIBLE_DEVICES=2,3``,
-    or UUIDs), the child gets the entry at ``index`` of that list, since the child's value replaces it. On
-    ROCm, ``ROCR_VISIBLE_DEVICES`` (which HIP's numbering counts within) is inherited unchanged."""
-    count = gpu_count()
-    if not 0 <= index < count:
-        raise DeviceUnavailable(f"GPU {index} was asked for, but this process sees {count} GPU(s)")
+def visible_device_environment(index: int, count: int = 1) -> dict[str, str]:
+    """The environment for a child process that is to see ``count`` GPUs only, the ``index``-th one this
+    process sees and the ones after it (the first becomes the child's ``cuda:0``): this back end's variable
+    (:func:`visible_devices_variable`) set to those GPUs. Where this process's own variable already lists
+    GPUs (``CUDA_VISIBLE_DEVICES=2,3``, or UUIDs), the child gets the entries at those positions of that list,
+    since the child's value replaces it. On ROCm, ``ROCR_VISIBLE_DEVICES`` (which HIP's numbering counts
+    within) is inherited unchanged."""
+    seen = gpu_count()
+    if count < 1 or not (0 <= index and index + count <= seen):
+        asked = f"GPU {index}" if count == 1 else f"GPUs {index}-{index + count - 1}"
+        raise DeviceUnavailable(f"{asked} {'was' if count == 1 else 'were'} asked for, but this process sees "
+                                f"{seen} GPU(s)")
     variable = visible_devices_variable()
     listed = [entry.strip() for entry in os.environ.get(variable, "").split(",") if entry.strip()]
-    return {variable: listed[index] if index < len(listed) else str(index)}
+    chosen = [listed[i] if i < len(listed) else str(i) for i in range(index, index + count)]
+    return {variable: ",".join(chosen)}
 
 
 # --------------------------------------------------------------------------------------------------

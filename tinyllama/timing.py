@@ -202,6 +202,13 @@ def verdict(before: Stats | Band, after: Stats | Band) -> tuple[float, str]:
     return ratio, "within noise"
 
 
+def ratio_band(before: Stats | Band, after: Stats | Band) -> Band:
+    """The speed-up ``before / after`` with the range its two p10-p90 bands allow: from ``before.p10 /
+    after.p90`` to ``before.p90 / after.p10``. Recorded as a speed-up's spread, so that a second run's
+    speed-up is compared with the noise of both timings rather than with a fixed tolerance."""
+    return Band(before.median / after.median, before.p10 / after.p90, before.p90 / after.p10)
+
+
 # A host that adds less than this share to an eager step does not set its pace, even where the two
 # bands separate: a few percent is within what a profile, a clock change or a neighbour moves.
 HOST_BOUND_SHARE = 0.05

@@ -80,7 +80,9 @@ LABELS: tuple[Label, ...] = (
                                            "batch (7.2 and 4.5 ms on two H200 hosts, 2026-11-26/27)"),
     Label("01_*", "*_spread_pct", "the p10-p90 spread of a timing: the run-to-run noise itself"),
     # 04's batch-1 forward is launch-bound (the notebook shows it): its rate follows the host.
-    Label("04_*", "*_batch1", "the batch-1 forward is launch-bound: its time is the host's"),
+    Label("04_*", "*_batch[18]", "the forwards of batches 1 and 8 take about the same time, as the notebook prints: "
+                                  "launch-bound, their time is the host's (batch 8: 3.3 and 5.6 ms in two runs on one "
+                                  "H200 machine, 2026-11-27)"),
     # 15's V3 steps are host-bound by the notebook's own verdict (the device finishes 1.03x after the host issues).
     Label("15_*", "*_step_ms", "eager V3 step, host-bound by the notebook's own verdict: the host's issue time"),
     # 03 and 07 set host time against device time, with and without the profiler.
@@ -95,6 +97,9 @@ LABELS: tuple[Label, ...] = (
     Label("06_*", "*compile*_s_*", "compile seconds: the compiler runs on the host, and its caches may be warm"),
     Label("06_*", "compiler_startup_s", "seconds to import and start the compiler, on the host"),
     Label("06_*", "small_speedup_*", "speed-ups of the small model, whose eager step is bound by Python's launches"),
+    Label("06_*", "*_compiled_speedup", "the half-precision network compiled without CUDA graphs: its kernels take "
+                                        "about as long as the host takes to launch them (3.8 and 4.9 ms a batch in "
+                                        "two runs on one H200 machine, 2026-11-27)"),
     Label("16_*", "compile_s_*", "compile seconds: the compiler runs on the host, and its caches may be warm"),
     Label("16_*", "*_first_step_s", "first step: compile (cold or from the cache) plus the step, on the host's clock"),
     Label("16_*", "break_even_steps_*", "compile seconds over the per-step saving: carries the compile time's "
@@ -109,6 +114,8 @@ LABELS: tuple[Label, ...] = (
     Label("16_*", "step_ms_* eager", "eager step of the medium model: part host, 10-30% between machine starts"),
     Label("1[78]_*", "step_ms_v[1-4]", "eager bf16 step of the medium model: part host, 10-30% between machine "
                                          "starts"),
+    Label("10_*", "*_speedup", "fp32's step over an eager V1 step in tf32 or bf16, which is part host (tf32: 74 and "
+                               "91 ms in two runs on one H200 machine, 2026-11-27; fp32 moved 0.1%)"),
     Label("17_*", "tokens_per_s_v*", "from the eager step (see step_ms_v*)"),
     Label("17_*", "mfu_v[1-4]", "from the eager step (see step_ms_v*)"),
     Label("17_*", "speedup_v*_over_v1*", "ratio of eager steps, each moved by the host"),
@@ -117,6 +124,14 @@ LABELS: tuple[Label, ...] = (
     Label("20_*", "reference_step_ms", "the lab's reference is launch-bound at its small hidden size: host time"),
     Label("20_*", "*speedup*", "speed-ups over the launch-bound reference step"),
     Label("20_*", "final_step_ms", "eager step of the final configuration: small kernels, part host time"),
+    # 21's steps are eager steps of the medium model on each rank, and a collective waits for the later rank.
+    Label("21_*", "step_ms_*", "eager steps of the medium model on each rank: part host (see 17's step_ms_v*)"),
+    Label("21_*", "tokens_per_s_*", "from the eager steps (see step_ms_*)"),
+    Label("21_*", "scaling_efficiency_*", "from the eager steps (see step_ms_*)"),
+    Label("21_*", "communication_ms_*", "the transfer plus the wait for the later rank: the wait is the skew between "
+                                        "the ranks' hosts (the transfer alone, transfer_ms_*, is compared)"),
+    Label("19_*", "most_different_figure", "which stored figure differs most from this run's: follows the run's "
+                                           "noise", RUN_SPECIFIC),
     # 19 counts what the results folder holds, which depends on what ran before it in that folder.
     Label("19_*", "*_recorded", "how many records the results folder holds: what ran before in it", RUN_SPECIFIC),
     # 22 decodes one token at batch 1 eagerly: hundreds of small launches, bound by the host.

@@ -13,8 +13,9 @@ outputs and figures of a GPU run are kept).
 Reproducibility (:mod:`tinyllama.course.drift`): ``--against [DIR]`` compares this run's figures with
 those stored in ``DIR`` (without ``DIR``: the solutions the notebooks came from, read before this run
 may update them) and lists the figures that moved beyond their spread; ``--twice`` runs the notebooks
-twice in two processes, each with its own results folder (on two GPUs at once where there are two,
-else one after the other), and compares the two runs. Drift makes the exit status 1, numbers refused
+twice in two processes, each with its own results folder and compiler caches (at once where the machine
+has a GPU for each, or ``--gpus-per-run N`` GPUs for each; else one after the other), and compares the
+two runs. Drift makes the exit status 1, numbers refused
 for another device or profile 2 (``python -m tinyllama.course.drift --force`` compares them anyway).
 
 Each notebook runs in the kernel it names, the course's (``bash course.sh kernel`` registers it), or
@@ -209,29 +210,33 @@ def _relay(process: subprocess.Popen[str], log: Path, name: str) -> None:
                 print(f"[{name}] {line}", end="", flush=True)
 
 
-def run_twice(arguments: list[str], output: Path, gpus: int) -> int:
+def run_twice(arguments: list[str], output: Path, gpus: int, per_run: int = 1) -> int:
     """Run this command (``arguments``: its options without ``--twice`` and ``--output``) twice in two
-    processes, writing to ``output/a`` and ``output/b``, each with its own results folder; then compare
-    the two runs. With two GPUs or more, the runs go at once, one on each of the first two GPUs (each
-    sees only its own: :func:`tinyllama.device.visible_device_environment`); otherwise one after the
-    other. Returns the worse of the two runs' exit statuses and the drift's."""
+    processes, writing to ``output/a`` and ``output/b``, each with its own results folder and its own
+    compiler caches (Inductor's and Triton's: two processes writing one cache can load each other's
+    half-written kernels). With ``2 * per_run`` GPUs or more, the runs go at once, each on ``per_run`` GPUs of
+    its own (each sees only its own: :func:`tinyllama.device.visible_device_environment`); otherwise one after
+    the other. Returns the worse of the two runs' exit statuses and the drift's."""
+    at_once = gpus >= 2 * per_run
     runs = []
     for index, name in enumerate("ab"):
         folder = output / name
         folder.mkdir(parents=True, exist_ok=True)
         environment = {results.ENV_VARIABLE: str(results.results_dir(folder / "results")),
+                       "TORCHINDUCTOR_CACHE_DIR": str(folder / "compiler-cache" / "inductor"),
+                       "TRITON_CACHE_DIR": str(folder / "compiler-cache" / "triton"),
                        # the child imports this checkout's package, installed or not
                        "PYTHONPATH": os.pathsep.join(p for p in (str(results.checkout_root() or ""),
                                                                  os.environ.get("PYTHONPATH", "")) if p)}
-        if gpus >= 2:
-            environment.update(dev.visible_device_environment(index))
+        if at_once:
+            environment.update(dev.visible_device_environment(index * per_run, per_run))
         runs.append((name, folder, environment))
-    if gpus >= 2:
+    if at_once:
         variable = dev.visible_devices_variable()
-        print("Two runs at once, one a GPU: " + ", ".join(f"{name} with {variable}={environment[variable]}"
-                                                          for name, _, environment in runs))
+        print(f"Two runs at once, {'one a GPU' if per_run == 1 else f'{per_run} GPUs each'}: "
+              + ", ".join(f"{name} with {variable}={environment[variable]}" for name, _, environment in runs))
     else:
-        print(f"{'One GPU' if gpus == 1 else 'No GPU'}: the two runs go one after the other.")
+        print(f"{gpus} GPU(s), {per_run} a run: the two runs go one after the other.")
     statuses: dict[str, int] = {}
 
     def start(name: str, folder: Path,
@@ -250,7 +255,7 @@ def run_twice(arguments: list[str], output: Path, gpus: int) -> int:
         relay.join()
         print(f"[{name}] finished with exit status {statuses[name]}", flush=True)
 
-    if gpus >= 2:
+    if at_once:
         started = [(name, *start(name, folder, environment)) for name, folder, environment in runs]
         for name, process, relay in started:
             finish(name, process, relay)
@@ -291,8 +296,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the notebooks twice in two processes, each with its own results folder (at once "
                              "on two GPUs where there are two, else one after the other), and list the figures "
                              "that moved between the two runs")
+    parser.add_argument("--gpus-per-run", type=int, default=1, metavar="N",
+                        help="with --twice: GPUs each run sees (2 for 05 and 21); the runs go at once where the "
+                             "machine has twice as many (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
+        if args.gpus_per_run < 1 or (args.gpus_per_run > 1 and not args.twice):
+            raise ValueError("--gpus-per-run N (N of 1 or more) goes with --twice; a single run sees every GPU "
+                             "of the machine (choose them with CUDA_VISIBLE_DEVICES or HIP_VISIBLE_DEVICES)")
         if args.twice and (args.update_solutions or args.against is not None):
             raise ValueError("--twice compares two fresh runs with each other: run --against or "
                              "--update-solutions separately")
@@ -319,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         arguments += ["--kernel-name", args.kernel_name] if args.kernel_name else []
         print(f"Running {len(notebooks)} notebook(s) twice; both runs and their drift go to {output}")
         try:
-            return run_twice(arguments, output, dev.gpu_count())
+            return run_twice(arguments, output, dev.gpu_count(), args.gpus_per_run)
         except ValueError as error:  # a results folder the checkout holds
             print(f"error: {error}", file=sys.stderr)
             return 2
