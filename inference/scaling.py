@@ -110,10 +110,13 @@ def run_plan(planned: Sequence[PlannedRun], ctx: distributed.DistContext, device
 
 def failure_reason(output: str) -> str:
     """The line of a failed torchrun launch's output that says why: the rank's own error (``ValueError: ...``,
-    ``torch.OutOfMemoryError: ...``, a failed check), not torchrun's closing banner of ``=`` signs nor its
-    ``ChildFailedError``. Falls back to the last line with any text."""
+    ``torch.OutOfMemoryError: ...``, a failed check), not torchrun's closing summary (from its first banner of
+    ``=`` signs: ``exitcode``, ``error_file``, ``traceback : To enable traceback see ...``), nor its
+    ``ChildFailedError`` and its own log lines. Falls back to the last other line with any text."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    own = [line for line in lines if "ChildFailedError" not in line and not set(line) <= set("=-")]
+    banner = next((i for i, line in enumerate(lines) if len(line) >= 5 and set(line) <= set("=")), len(lines))
+    own = [line for line in lines[:banner]
+           if "ChildFailedError" not in line and "torch.distributed.elastic" not in line and not set(line) <= set("=-")]
     for line in reversed(own):
         text = re.sub(r"^\[rank\d+\]:\s*", "", line)  # torchrun's prefix of a rank's stderr
         head = text.split(":", 1)[0].strip()

@@ -360,3 +360,10 @@ def test_failure_reason_names_the_ranks_error_not_torchruns_banner():
     assert scaling.failure_reason("ValueError: bad plan\n=====\n") == "ValueError: bad plan"
     assert scaling.failure_reason("just a line\n") == "just a line"
     assert scaling.failure_reason("=====\n") == "no output"
+    # Where no line names an error, the rank's last line before torchrun's summary, never the summary's own.
+    summary = ["============================================================", "Root Cause (first observed failure):",
+               "[0]:", "  exitcode  : 1 (pid: 16675)", "  error_file: <N/A>",
+               "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+               "============================================================"]
+    assert scaling.failure_reason("\n".join(["[rank1]: fp16 outputs are not finite", *summary])) == \
+        "[rank1]: fp16 outputs are not finite"
