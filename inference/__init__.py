@@ -24,6 +24,17 @@ from inference.results import results_frame
 from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, run_many, sweep_batch_sizes
 from tinyllama.harness.records import append_csv, append_json, load_json
 
+from tinyllama.facade import lazy_exports
+
+# What notebooks import from this package beyond the names above, and the module that holds each: imported on
+# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+_LAZY: dict[str, str] = {
+    "RANGES": ".benchmark",
+    "BenchmarkConfig": ".config",
+    "CHECK_SAMPLES": ".precision", "MANTISSA_BITS": ".precision", "tf32_enabled": ".precision",
+    "latest_scaling_study": ".recorded", "load_scaling_record": ".recorded", "straggler_table": ".recorded",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 __all__ = [
     "AccuracyReport", "BenchmarkConfig", "BenchmarkError", "BenchmarkResult", "CheckFailedError", "ConfigError",
     "FlopsProfile", "LiveBytesBudget", "MANTISSA_BITS", "MaxBatchResult", "MissingDependencyError", "NetworkSpec", "OutOfMemoryError", "SweepResult",

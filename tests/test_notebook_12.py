@@ -15,9 +15,9 @@ from tinyllama.course.fusion_checks import (
     fusion_runs,
     gemm_count_hint,
     host_share,
-    time_samples,
 )
 from tinyllama.harness.compare import RUN_SETS, parse_run
+from tinyllama.timing import time_samples
 
 
 def right_count(num_layers, fuse_qkv, fuse_gate_up):
@@ -241,7 +241,7 @@ def _timing(solution, replace=None):
     h_fused = torch.randn(tokens, 2 * inter)
     gate, up = h_fused.chunk(2, dim=-1)
     namespace = {"torch": torch, "F": F, "pd": pd, "plt": matplotlib.pyplot, "course": course, "gate": gate, "up": up,
-                 "time_samples": fusion.time_samples, "device": torch.device("cpu"), "on_gpu": False,
+                 "time_samples": time_samples, "device": torch.device("cpu"), "on_gpu": False,
                  "profile": SimpleNamespace(warmup=1, repeat=5), "check_strided_timing": fusion.check_strided_timing,
                  "predicted_strided_slowdown": 1.5, "tokens": tokens, "inter": inter, "dtype": torch.float32}
     run_source(solution.source("12.3", replace), namespace)

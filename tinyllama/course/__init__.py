@@ -40,7 +40,32 @@ from tinyllama.course.results import latest, load_results, record, results_dir
 from tinyllama.course.reveal import reveal
 from tinyllama.course.session import Session, start
 
+from tinyllama.facade import lazy_exports
+
+# What notebooks import from this package beyond the names above, and the module that holds each: imported on
+# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+_LAZY: dict[str, str] = {
+    "check_backend_reader": ".compile_checks", "check_break_even": ".compile_checks",
+    "check_operator_fates": ".compile_checks", "describe_break_even": ".compile_checks",
+    "format_duration": ".compile_checks",
+    "check_break_even_steps": ".compile_mode_checks", "check_serving_seconds": ".compile_mode_checks",
+    "check_speedup_predictions": ".compile_mode_checks",
+    "Case": ".diagnosis", "check_cases": ".diagnosis", "check_layout": ".diagnosis",
+    "check_communication_formula": ".distributed_checks", "check_state_formula": ".distributed_checks",
+    "check_torchrun_command": ".distributed_checks",
+    "LAUNCH_BOUND_SHARE": ".fusion_checks", "check_fused_qkv": ".fusion_checks",
+    "check_gemm_prediction": ".fusion_checks", "check_host_share": ".fusion_checks",
+    "check_strided_timing": ".fusion_checks", "fusion_effects": ".fusion_checks", "fusion_label": ".fusion_checks",
+    "fusion_runs": ".fusion_checks",
+    "check_batch_prediction": ".precision_checks", "check_error_ratio": ".precision_checks",
+    "check_unit_roundoff": ".precision_checks",
+    "check_gemm_and_add": ".roofline_checks", "check_idle_shares": ".roofline_checks",
+    "check_norm_and_attention": ".roofline_checks", "check_roof_position": ".roofline_checks",
+    "check_zero_formula": ".zero_checks",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 __all__ = ["PROFILES", "DeviceCeilings", "ExerciseCheckFailed", "ExerciseNotAnswered", "Mismatch", "Profile", "Session", "check_allclose", "check_between", "check_close",
            "check_equal", "check_faster", "check_function", "check_ratio", "checkpoint", "compare_outputs",
            "compare_prediction", "device_ceilings", "get_profile", "latest", "load_results", "ratio_with_spread", "record",
-           "results_dir", "reveal", "select_profile", "start", "unanswered"]
+           "results_dir", "reveal", "select_profile", "start", "unanswered",
+]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinyllama.config import ModelConfig
-from tinyllama.models.weights import transfer_weights
+from tinyllama.models.weights import canonical_gradients, transfer_weights
 
 # version -> (module, class). Imported on demand, so that a version whose dependencies are missing
 # (Triton on a machine without it) does not stop the others from loading.
@@ -55,4 +55,4 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-__all__ = ["VERSIONS", "DESCRIPTIONS", "build", "model_class", "lm_loss", "transfer_weights"]
+__all__ = ["VERSIONS", "DESCRIPTIONS", "build", "canonical_gradients", "model_class", "lm_loss", "transfer_weights"]

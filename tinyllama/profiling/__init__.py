@@ -37,6 +37,23 @@ from tinyllama.profiling.vendor import (
     read_rocprof_compute_roofline, read_rocprofv3_kernel_stats, rocprof_compute_points,
 )
 
+from tinyllama.facade import lazy_exports
+
+# What notebooks import from this package beyond the names above, and the module that holds each: imported on
+# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+_LAZY: dict[str, str] = {
+    "backend_from_operators": ".attention", "peak_memory_bytes": ".attention", "saved_tensor_bytes": ".attention",
+    "sdpa": ".attention", "sdpa_backend": ".attention",
+    "allows_tf32": ".attribution",
+    "lane_names": ".communication", "trace_timeline": ".communication",
+    "short_kernel_name": ".roofline",
+    "CPU_NOTE": ".sdpa_reasons", "backend_verdicts": ".sdpa_reasons",
+    "CATEGORIES": ".torch_profiler", "ELEMENTWISE": ".torch_profiler", "GEMM": ".torch_profiler",
+    "REDUCTION": ".torch_profiler", "activities": ".torch_profiler", "launch_table": ".torch_profiler",
+    "profile_steps": ".torch_profiler",
+    "roofline_commands": ".vendor_roofline", "run_vendor_roofline": ".vendor_roofline:vendor_roofline",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 __all__ = [
     "CATEGORIES", "KERNEL_COLUMNS", "CountComparison", "attribute", "DeepSpeedMissing", "DeepSpeedProfile", "FlopCount",
     "Overhead", "ProfileRun", "ProfilerCommand", "ProfilerNotFoundError", "Roofs", "bench_target", "build_command",

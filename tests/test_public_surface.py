@@ -1,0 +1,78 @@
+"""The notebooks import from the public surface only (README, "Layout"), and its lazy names resolve."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SURFACE = {"tinyllama", "tinyllama.course", "tinyllama.config", "tinyllama.device", "tinyllama.timing",
+           "tinyllama.models", "tinyllama.kernels", "tinyllama.training", "tinyllama.data", "tinyllama.generation",
+           "tinyllama.costs", "tinyllama.profiling", "tinyllama.harness", "inference"}
+FACADES = ["tinyllama.course", "tinyllama.costs", "tinyllama.profiling", "tinyllama.harness", "inference"]
+
+
+def _project_imports() -> dict[str, set[tuple[str, str]]]:
+    """Each project module the solution notebooks import from -> the (notebook, name) pairs imported."""
+    found: dict[str, set[tuple[str, str]]] = {}
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            # IPython's magics and shell lines are not Python: read them as comments
+            source = "\n".join("#" + line if line.lstrip().startswith(("%", "!")) else line
+                               for line in cell.source.splitlines())
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("tinyllama", "inference"):
+                    found.setdefault(node.module, set()).update((path.stem, a.name) for a in node.names)
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] in ("tinyllama", "inference"):
+                            found.setdefault(alias.name, set()).add((path.stem, ""))
+    return found
+
+
+def test_the_notebooks_import_from_the_public_surface_only():
+    imported = _project_imports()
+    outside = {module: sorted(users)[:3] for module, users in imported.items() if module not in SURFACE}
+    assert not outside, f"notebooks import from modules outside the public surface (add the names to the package's _LAZY): {outside}"
+    assert len(imported) <= 15
+
+
+def test_every_name_a_notebook_imports_resolves():
+    for module, users in _project_imports().items():
+        package = importlib.import_module(module)
+        for notebook, name in users:
+            if name:
+                assert hasattr(package, name) or importlib.util.find_spec(f"{module}.{name}"), f"{notebook}: {module}.{name}"
+
+
+@pytest.mark.parametrize("package", FACADES)
+def test_a_facades_lazy_names_resolve_and_are_listed(package):
+    module = importlib.import_module(package)
+    for name, target in module._LAZY.items():
+        assert getattr(module, name) is getattr(importlib.import_module(target.partition(":")[0], package),
+                                                target.partition(":")[2] or name)
+        assert name in dir(module)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        module.no_such_name  # noqa: B018
+
+
+def test_a_function_named_like_its_module_comes_through_its_own_name():
+    from tinyllama.harness import compare_versions
+    from tinyllama.harness.compare import compare
+
+    assert compare_versions is compare
+
+
+def test_importing_a_facade_loads_none_of_its_lazy_modules():
+    code = ("import sys, tinyllama.harness, tinyllama.costs; "
+            "print(sorted(m for m in sys.modules if m.startswith(('tinyllama.harness.', 'tinyllama.costs.'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
