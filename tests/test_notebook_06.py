@@ -87,9 +87,9 @@ def test_every_break_even_slip_differs_from_the_reference_and_is_named_as_itself
 
     right = [cc.outcome(cc.break_even_steps, case) for case in cc.BREAK_EVEN_CASES]
     for slip in cc.BREAK_EVEN_SLIPS:
-        answers = [cc.outcome(slip.steps, case) for case in cc.BREAK_EVEN_CASES]
+        answers = [cc.outcome(slip.value, case) for case in cc.BREAK_EVEN_CASES]
         assert not all(map(cc.same_outcome, answers, right)), slip.name
-        assert cc.name_break_even_slip(slip.steps) == slip.message
+        assert cc.name_break_even_slip(slip.value) == slip.message
 
 
 @pytest.mark.parametrize("mistake", [

@@ -134,10 +134,10 @@ def test_every_break_even_slip_differs_from_the_answer_and_from_the_others():
     cases = compile_checks.BREAK_EVEN_CASES
     outcomes = {}
     for slip in compile_checks.BREAK_EVEN_SLIPS:
-        got = [compile_checks.outcome(slip.steps, case) for case in cases]
+        got = [compile_checks.outcome(slip.value, case) for case in cases]
         reference = [compile_checks.break_even_steps(*case) for case in cases]
         assert not all(map(compile_checks.same_outcome, got, reference)), slip.name
-        assert compile_checks.name_break_even_slip(slip.steps) == slip.message
+        assert compile_checks.name_break_even_slip(slip.value) == slip.message
         outcomes[slip.name] = got
     for a in outcomes:
         for b in outcomes:

@@ -105,28 +105,32 @@ class Stats:
         return out
 
 
+def quantile(samples: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``samples`` (0 <= q <= 1), interpolated linearly between the closest ranks, as
+    ``numpy.percentile`` does by default."""
+    data = sorted(float(s) for s in samples)
+    if not data:
+        raise ValueError("no samples to take a quantile of")
+    position = q * (len(data) - 1)
+    low = int(position)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (position - low)
+
+
 def summarize(samples: Sequence[float]) -> Stats:
     """Median, mean, standard deviation, extremes and 10th/90th percentiles of ``samples``."""
     if not samples:
         raise ValueError("no samples to summarize: run at least one timed step")
     data = sorted(float(s) for s in samples)
     n = len(data)
-
-    def pct(q: float) -> float:
-        # Linear interpolation between closest ranks, like numpy.percentile's default.
-        pos = q * (n - 1)
-        lo = int(pos)
-        hi = min(lo + 1, n - 1)
-        return data[lo] + (data[hi] - data[lo]) * (pos - lo)
-
     return Stats(
         median=statistics.median(data),
         mean=statistics.fmean(data),
         std=statistics.stdev(data) if n > 1 else 0.0,
         min=data[0],
         max=data[-1],
-        p10=pct(0.10),
-        p90=pct(0.90),
+        p10=quantile(data, 0.10),
+        p90=quantile(data, 0.90),
         n=n,
     )
 
@@ -200,13 +204,6 @@ def verdict(before: Stats | Band, after: Stats | Band) -> tuple[float, str]:
     if after.p10 > before.p90:
         return ratio, "slower"
     return ratio, "within noise"
-
-
-def ratio_band(before: Stats | Band, after: Stats | Band) -> Band:
-    """The speed-up ``before / after`` with the range its two p10-p90 bands allow: from ``before.p10 /
-    after.p90`` to ``before.p90 / after.p10``. Recorded as a speed-up's spread, so that a second run's
-    speed-up is compared with the noise of both timings rather than with a fixed tolerance."""
-    return Band(before.median / after.median, before.p10 / after.p90, before.p90 / after.p10)
 
 
 # A host that adds less than this share to an eager step does not set its pace, even where the two

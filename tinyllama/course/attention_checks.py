@@ -3,8 +3,8 @@
 14.4 has its own module, :mod:`tinyllama.course.attention_kernel_checks`.)
 
 Each function is run against PyTorch's answer on fresh random inputs by
-:func:`tinyllama.course.triton_basics_checks.check_kernel`, which first compares a wrong result with each
-typical mistake (a :class:`~tinyllama.course.triton_basics_checks.Slip`: the same algorithm with one thing
+:func:`tinyllama.course.feedback.check_kernel`, which first compares a wrong result with each
+typical mistake (a :class:`~tinyllama.course.feedback.Slip`: the same algorithm with one thing
 wrong, computed here on the same inputs) and names the one it reproduces. A prediction is compared with
 the measurement, and a prediction off by a typical mistake's factor is named.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from tinyllama.course.checkpoints import check_between, checkpoint
-from tinyllama.course.triton_basics_checks import Slip, check_kernel
+from tinyllama.course.feedback import Slip, check_kernel
 
 # ---- 14.2: the online softmax -----------------------------------------------------------------------------------
 
@@ -41,14 +41,14 @@ def online_softmax_model(x: torch.Tensor, tile: int, slip: str = "") -> torch.Te
 SOFTMAX_SLIPS: tuple[Slip, ...] = (
     Slip("no_l_rescale", "the old sum l is not rescaled when the maximum grows: it was summed against the old "
                          "maximum; multiply it by exp(m - m_new) before adding this tile's sum.",
-         model=lambda x, tile: online_softmax_model(x, tile, "no_l_rescale")),
+         function=lambda x, tile: online_softmax_model(x, tile, "no_l_rescale")),
     Slip("no_max", "the exponentials are taken without subtracting the running maximum: exp of scores in the tens "
                    "overflows (inf, then NaN), and l no longer matches exp(x - m) at the end. Use "
                    "exp(block - m_new[:, None]).",
-         model=lambda x, tile: online_softmax_model(x, tile, "no_max")),
+         function=lambda x, tile: online_softmax_model(x, tile, "no_max")),
     Slip("m_not_kept", "the running maximum is never kept: m stays -inf, so every tile's rescaling factor is 0 and "
                        "the final exp(x - m) is inf. End the tile with m = m_new.",
-         model=lambda x, tile: online_softmax_model(x, tile, "m_not_kept")),
+         function=lambda x, tile: online_softmax_model(x, tile, "m_not_kept")),
 )
 SOFTMAX_HINT = ("NaN or inf: is the maximum subtracted before exp? A constant factor per row: is the old sum rescaled "
                 "by exp(m - m_new)? Wrong only in the last columns: does the last, shorter tile count?")
@@ -57,7 +57,7 @@ SOFTMAX_SHAPES = ((1, 1), (3, 37), (2, 100), (4, 257))
 
 def check_online_softmax(online_softmax: Callable[[torch.Tensor, int], torch.Tensor], tile: int) -> bool:
     """Exercise 14.2: ``online_softmax(x, tile)`` against ``torch.softmax`` on rows of values in the tens."""
-    slips = [Slip(s.name, s.message, model=lambda x, model=s.model: model(x, tile)) for s in SOFTMAX_SLIPS]
+    slips = [Slip(s.name, s.message, function=lambda x, model=s.function: model(x, tile)) for s in SOFTMAX_SLIPS]
     return check_kernel(f"online_softmax with tiles of {tile}", lambda x: online_softmax(x, tile),
                         lambda x: torch.softmax(x, dim=-1), lambda shape: (30 * torch.randn(*shape),), SOFTMAX_SHAPES,
                         slips, SOFTMAX_HINT, atol=1e-6, rtol=1e-4, guard=False)
@@ -129,7 +129,7 @@ def check_tiled_attention(tiled_attention: Callable[..., torch.Tensor],
     shapes = list(shapes)
     ok = True
     for causal in (True, False):
-        slips = [Slip(name, message, model=lambda q, k, v, name=name, causal=causal:
+        slips = [Slip(name, message, function=lambda q, k, v, name=name, causal=causal:
                       tiled_attention_model(q, k, v, causal, slip=name)) for name, message in TILED_SLIPS.items()]
         ok &= check_kernel(f"tiled_attention (causal={causal})",
                            lambda q, k, v, causal=causal: tiled_attention(q, k, v, causal),

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from tinyllama.course.checkpoints import checkpoint
 from tinyllama.course.diagnosis import Case, check_cases
+from tinyllama.course.feedback import NumberSlip
 from tinyllama.profiling.attention import backend_from_operators
 from tinyllama.profiling.compiled import break_even_steps, fate
 
@@ -123,16 +123,6 @@ BREAK_EVEN_CASES: tuple[tuple[float, float, float], ...] = ((30.0, 50.0, 25.0), 
                                                             (40.0, 20.0, 25.0), (5.0, 8.0, 8.0))
 
 
-@dataclass(frozen=True)
-class BreakEvenSlip:
-    """A typical wrong ``break_even(compile_s, eager_ms, compiled_ms)`` and what to say about it (``message``
-    completes the sentence "break_even ...")."""
-
-    name: str
-    steps: Callable[[float, float, float], float]
-    message: str
-
-
 def _saved_s(eager_ms: float, compiled_ms: float) -> float:
     return (eager_ms - compiled_ms) / 1e3
 
@@ -140,36 +130,36 @@ def _saved_s(eager_ms: float, compiled_ms: float) -> float:
 # The typical wrong break-even functions of exercises 06.2 and 16.3 (one list for both notebooks), each with
 # what it gets wrong. A slip is named when the participant's function answers every case of BREAK_EVEN_CASES
 # as it does (raising included); BREAK_EVEN_CASES separate every slip from the answer and from each other.
-BREAK_EVEN_SLIPS: tuple[BreakEvenSlip, ...] = (
-    BreakEvenSlip("milliseconds", lambda c, e, k: c / (e - k) if e > k else math.inf,
+BREAK_EVEN_SLIPS: tuple[NumberSlip, ...] = (
+    NumberSlip("milliseconds", lambda c, e, k: c / (e - k) if e > k else math.inf,
                   "gives 1000 times too few steps: the compile is in seconds and the saving per step in milliseconds; "
                   "turn eager_ms - compiled_ms into seconds before dividing"),
-    BreakEvenSlip("milliseconds twice", lambda c, e, k: c * 1e3 / _saved_s(e, k) if e > k else math.inf,
+    NumberSlip("milliseconds twice", lambda c, e, k: c * 1e3 / _saved_s(e, k) if e > k else math.inf,
                   "gives 1000 times too many steps: the compile time was turned into milliseconds while the saving "
                   "is already in seconds; convert only one of the two"),
-    BreakEvenSlip("upside down", lambda c, e, k: _saved_s(e, k) / c if e > k else math.inf,
+    NumberSlip("upside down", lambda c, e, k: _saved_s(e, k) / c if e > k else math.inf,
                   "is upside down: it divides the time a step saves by the compile time; the steps are the compile "
                   "time over the time each step saves"),
-    BreakEvenSlip("negative", lambda c, e, k: c / _saved_s(e, k) if e != k else math.inf,
+    NumberSlip("negative", lambda c, e, k: c / _saved_s(e, k) if e != k else math.inf,
                   "returns a negative number of steps where the compiled step is slower: a step that saves nothing "
                   "or loses time never pays back the compile, so return math.inf whenever eager_ms - compiled_ms <= 0, "
                   "not only when they are equal"),
-    BreakEvenSlip("no guard", lambda c, e, k: c / _saved_s(e, k),
+    NumberSlip("no guard", lambda c, e, k: c / _saved_s(e, k),
                   "divides by zero where the two steps take equal times (and gives a negative count where the compiled "
                   "step is slower): return math.inf when the compiled step saves nothing"),
-    BreakEvenSlip("guard >= 0", lambda c, e, k: c / _saved_s(e, k) if e >= k else math.inf,
+    NumberSlip("guard >= 0", lambda c, e, k: c / _saved_s(e, k) if e >= k else math.inf,
                   "divides by zero where the compiled step is exactly as fast as the eager one: a step that saves "
                   "nothing never pays, so return math.inf whenever the saving is not positive (> 0, not >= 0)"),
-    BreakEvenSlip("compiled - eager", lambda c, e, k: c / ((k - e) / 1e3) if k > e else math.inf,
+    NumberSlip("compiled - eager", lambda c, e, k: c / ((k - e) / 1e3) if k > e else math.inf,
                   "takes the saving as compiled - eager: a step saves eager_ms - compiled_ms, which is positive when "
                   "the compiled step is faster"),
-    BreakEvenSlip("speed-up", lambda c, e, k: c / (e / k),
+    NumberSlip("speed-up", lambda c, e, k: c / (e / k),
                   "divides by the speed-up eager / compiled: a ratio is not a saving; divide the compile time by the "
                   "time each step saves, eager_ms - compiled_ms, in seconds"),
-    BreakEvenSlip("eager steps in the compile", lambda c, e, k: c / (e / 1e3),
+    NumberSlip("eager steps in the compile", lambda c, e, k: c / (e / 1e3),
                   "counts the eager steps that fit into the compile time; the compile pays for itself through what "
                   "each compiled step saves (eager_ms - compiled_ms), not through the whole step"),
-    BreakEvenSlip("compiled steps in the compile", lambda c, e, k: c / (k / 1e3),
+    NumberSlip("compiled steps in the compile", lambda c, e, k: c / (k / 1e3),
                   "counts the compiled steps that fit into the compile time; the compile pays for itself through what "
                   "each compiled step saves (eager_ms - compiled_ms), not through the whole step"),
 )
@@ -215,7 +205,7 @@ def name_break_even_slip(candidate: Callable[[float, float, float], Any],
     if all(same_outcome(a, e) for a, e in zip(answers, expected)):
         return None
     for slip in BREAK_EVEN_SLIPS:
-        if all(same_outcome(a, outcome(slip.steps, case)) for a, case in zip(answers, cases)):
+        if all(same_outcome(a, outcome(slip.value, case)) for a, case in zip(answers, cases)):
             return slip.message
     faster = [math.isfinite(e) for e in expected]
     if all(same_outcome(a, e) for a, e, f in zip(answers, expected, faster) if f):
@@ -286,6 +276,6 @@ def describe_break_even(compile_s: float, eager_ms: float, compiled_ms: float) -
             f"{format_duration(steps * compiled_ms / 1e3, eager_s)} compiled")
 
 
-__all__ = ["BACKEND_CASES", "BREAK_EVEN_CASES", "BREAK_EVEN_SLIPS", "FATES", "NEVER_PAYS", "BreakEvenSlip",
+__all__ = ["BACKEND_CASES", "BREAK_EVEN_CASES", "BREAK_EVEN_SLIPS", "FATES", "NEVER_PAYS",
            "check_backend_reader", "check_break_even", "check_operator_fates", "describe_break_even", "format_duration",
            "name_break_even_slip", "outcome", "same_outcome"]

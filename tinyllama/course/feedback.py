@@ -31,6 +31,7 @@ import torch
 
 from tinyllama.course.checkpoints import checkpoint
 from tinyllama.course.guards import STORE_HINT, Guards
+from tinyllama.timing import quantile
 
 Shape = tuple[int, ...]
 
@@ -230,12 +231,15 @@ def slip_hint(value: float, expected: float, slips: list[tuple[float, str]], tol
 @dataclass(frozen=True)
 class Slip:
     """A typical wrong answer to a function exercise: ``function`` computes it on the same inputs (or, for an
-    answer that cannot run, ``error`` is a phrase of the error it raises), ``message`` says what went wrong."""
+    answer that cannot run, ``error`` is a phrase of the error it raises; for a kernel whose wrong result no
+    PyTorch function can model, ``matches(actual, inputs, expected)`` recognises it), ``message`` says what
+    went wrong."""
 
     name: str
     message: str
     function: Callable[..., Any] | None = None
     error: str = ""
+    matches: Callable[[torch.Tensor, tuple, torch.Tensor], bool] | None = None
 
 
 def _agree(actual: Sequence[Any], expected: Sequence[Any], atol: float, rtol: float) -> bool:
@@ -299,12 +303,107 @@ def check_function_slips(name: str, candidate: Callable[..., Any], reference: Ca
     return check_function(name, candidate, reference, make_inputs, shapes=shapes, atol=atol, rtol=rtol, hint=hint)
 
 
-def _quantile(data: Sequence[float], q: float) -> float:
-    ordered = sorted(data)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+# ---- numbers: a wrong answer recognised by the formula that gives it --------------------------------------------
+
+@dataclass(frozen=True)
+class NumberSlip:
+    """A typical wrong number: ``value(*arguments)`` is what the mistaken formula gives; ``message`` says what
+    went wrong."""
+
+    name: str
+    value: Callable[..., float]
+    message: str
+
+
+def name_number_slip(answer: float, slips: Sequence[NumberSlip], arguments: tuple, right: float,
+                     rel: float) -> NumberSlip | None:
+    """The first of ``slips`` whose value on ``arguments`` is ``answer`` (within ``rel``) and not the right one."""
+    for slip in slips:
+        wrong = slip.value(*arguments)
+        if not math.isclose(wrong, right, rel_tol=rel) and math.isclose(answer, wrong, rel_tol=rel):
+            return slip
+    return None
+
+
+# ---- kernels: a wrong result recognised, under guards --------------------------------------------------------
+
+NAN_ONLY = "elements are NaN where the reference is finite"
+
+
+def tensors_close(actual: Any, expected: Any, atol: float, rtol: float) -> bool:
+    """Both are tensors of one shape, equal within ``atol`` and ``rtol`` (in float64, NaN equal to NaN)."""
+    if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+        return False
+    if actual.shape != expected.shape:
+        return False
+    return bool(torch.allclose(actual.detach().double().cpu(), expected.detach().double().cpu(), atol=atol,
+                               rtol=rtol, equal_nan=True))
+
+
+def _shows(slip: Slip, actual: torch.Tensor, inputs: tuple, expected: torch.Tensor, atol: float, rtol: float) -> bool:
+    if slip.matches is not None:
+        return bool(slip.matches(actual, inputs, expected))
+    wrong = slip.function(*inputs)  # type: ignore[misc]
+    return not tensors_close(wrong, expected, atol, rtol) and tensors_close(actual, wrong, atol, rtol)
+
+
+def name_kernel_slip(candidate: Callable[..., Any], reference: Callable[..., Any],
+               make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Iterable[tuple[int, ...]], slips: Sequence[Slip],
+               atol: float, rtol: float, seed: int, guard: bool = True, results: list | None = None) -> Slip | None:
+    """The slip whose result ``candidate`` reproduces on the first shape where it is wrong, else ``None``
+    (also when it raises or goes past an end of a tensor: the check itself names that). Unguarded, each result
+    is appended to ``results`` (the check reuses them instead of running a slow function twice)."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    for shape in shapes:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            inputs = tuple(make_inputs(tuple(shape)))
+        expected = reference(*inputs)
+        guards = Guards(candidate) if guard else None
+        try:
+            if guards is None:
+                actual = candidate(*inputs)
+            else:
+                guarded = guards.inputs(inputs)
+                with guards:
+                    actual = candidate(*guarded)
+        except NotImplementedError:
+            raise
+        except Exception:  # noqa: BLE001 - the check runs it again and says what it raised
+            return None
+        if guards is not None:
+            found = guards.findings((actual,), (expected,))
+            if found and not all(NAN_ONLY in text for text in found):
+                return None  # past an end: the guards' sentence is the feedback
+            if found:  # NaN from the gaps between rows, nothing past an end: read again from the real gaps
+                actual = candidate(*inputs)
+        if results is not None and guards is None:
+            results.append(actual)
+        if tensors_close(actual, expected, atol, rtol):
+            continue
+        return next((slip for slip in slips if _shows(slip, actual, inputs, expected, atol, rtol)), None)
+    return None
+
+
+def check_kernel(name: str, candidate: Callable[..., Any], reference: Callable[..., Any],
+                 make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Iterable[tuple[int, ...]], slips: Sequence[Slip],
+                 hint: str, atol: float, rtol: float, seed: int | None = None, guard: bool = True) -> bool:
+    """:func:`check_function` (same output when right) whose feedback names the typical mistake a wrong kernel
+    reproduces (``slips``: each a :class:`Slip` whose ``function`` computes it in PyTorch, or whose ``matches``
+    recognises its result), else gives ``hint``. The kernel runs under :class:`~tinyllama.course.guards.Guards`
+    unless ``guard`` is off, so a read past an end is named rather than crashing."""
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    shapes = [tuple(shape) for shape in shapes]
+    results: list = []
+    slip = name_kernel_slip(candidate, reference, make_inputs, shapes, slips, atol, rtol, seed, guard, results)
+    said = f"It matches a typical mistake: {slip.message}" if slip is not None else hint
+    if not guard:  # the same seed gives the same inputs, shape after shape: reuse what the first pass computed
+        results.reverse()
+
+        def again(*inputs: Any) -> Any:
+            return results.pop() if results else candidate(*inputs)
+    return check_function(name, again if not guard else candidate, reference, make_inputs, shapes, atol=atol,
+                          rtol=rtol, seed=seed, hint=said, guard=guard)
 
 
 def ratio_with_spread(numerator: Sequence[float], denominator: Sequence[float]) -> tuple[float, float, float]:
@@ -313,8 +412,8 @@ def ratio_with_spread(numerator: Sequence[float], denominator: Sequence[float]) 
     if not numerator or not denominator:
         raise ValueError("both series need at least one sample: time each side a few times")
     ratio = statistics.median(numerator) / statistics.median(denominator)
-    return (_quantile(numerator, 0.25) / _quantile(denominator, 0.75), ratio,
-            _quantile(numerator, 0.75) / _quantile(denominator, 0.25))
+    return (quantile(numerator, 0.25) / quantile(denominator, 0.75), ratio,
+            quantile(numerator, 0.75) / quantile(denominator, 0.25))
 
 
 def check_ratio(name: str, numerator: Sequence[float], denominator: Sequence[float], low: float,

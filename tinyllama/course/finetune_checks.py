@@ -11,28 +11,19 @@ matches.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from tinyllama.config import ModelConfig
 from tinyllama.costs.memory_estimate import Layout, block_terms
 from tinyllama.course.checkpoints import check_between, check_close, checkpoint
+from tinyllama.course.feedback import NumberSlip
 
 PRECISIONS = ("fp32", "bf16")  # the two answers of 20.1, in the order the check cell checks them
 BYTES = {"fp32": 4, "bf16": 2}
 
 
-@dataclass(frozen=True)
-class CountSlip:
-    """A typical wrong count: ``value(precision)`` gives what the mistake answers, ``message`` what it is."""
-
-    name: str
-    value: Callable[[str], float]
-    message: str
-
-
-def name_count_slip(answer: float, precision: str, slips: Sequence[CountSlip], answers: dict[str, float] | None = None,
-                    expected: float | None = None, rel_tol: float = 0.01) -> CountSlip | None:
+def name_count_slip(answer: float, precision: str, slips: Sequence[NumberSlip], answers: dict[str, float] | None = None,
+                    expected: float | None = None, rel_tol: float = 0.01) -> NumberSlip | None:
     """The slip of ``slips`` whose value at ``precision`` is ``answer`` (within ``rel_tol``). Where several
     agree there, the one that also explains the participant's other ``answers`` (precision -> number) is
     named; a slip that gives ``expected`` is never named (it is no mistake at these sizes)."""
@@ -50,23 +41,23 @@ def name_count_slip(answer: float, precision: str, slips: Sequence[CountSlip], a
 # ---- exercise 20.1: the SwiGLU's bytes per block ----------------------------------------------------------------
 
 
-def swiglu_slips(batch: int, seq: int, intermediate: int, hidden: int) -> tuple[CountSlip, ...]:
+def swiglu_slips(batch: int, seq: int, intermediate: int, hidden: int) -> tuple[NumberSlip, ...]:
     """The typical wrong counts of the bytes a SwiGLU keeps per block, at these sizes (the right one:
     gate, up, silu(gate) and their product, ``4 * B * S * I`` values of the compute dtype's bytes)."""
     bsi = batch * seq * intermediate
     return (
-        CountSlip("three tensors", lambda p: 3 * bsi * BYTES[p],
+        NumberSlip("three tensors", lambda p: 3 * bsi * BYTES[p],
                   "you counted three B x S x I tensors; the backward also needs a fourth: gate and up (the two "
                   "projections' outputs), silu(gate), and their product, which down_proj reads"),
-        CountSlip("bf16 as fp32", lambda p: 4 * bsi * 4,
+        NumberSlip("bf16 as fp32", lambda p: 4 * bsi * 4,
                   "under bf16 autocast the projections compute in bf16, so what they output and the SwiGLU keeps "
                   "is 2 bytes per value, not the 4 of fp32"),
-        CountSlip("hidden for intermediate", lambda p: 4 * batch * seq * hidden * BYTES[p],
+        NumberSlip("hidden for intermediate", lambda p: 4 * batch * seq * hidden * BYTES[p],
                   "your tensors have the hidden size h; the SwiGLU's tensors are B x S x I, with the intermediate "
                   "size I (config.intermediate_dim)"),
-        CountSlip("elements", lambda p: 4 * bsi,
+        NumberSlip("elements", lambda p: 4 * bsi,
                   "that counts values, not bytes: multiply by the bytes per value (4 in fp32, 2 under bf16 autocast)"),
-        CountSlip("MiB", lambda p: 4 * bsi * BYTES[p] / 2**20,
+        NumberSlip("MiB", lambda p: 4 * bsi * BYTES[p] / 2**20,
                   "that is in MiB (divided by 2**20); the answer is in bytes"),
     )
 
@@ -92,23 +83,23 @@ def check_swiglu_bytes(precision: str, swiglu_fp32: float, swiglu_bf16: float, m
 # ---- exercise 20.3: the checkpointing trade -------------------------------------------------------------------
 
 
-def kept_slips(config: ModelConfig, batch: int, seq: int, precision: str, layout: Layout) -> tuple[CountSlip, ...]:
+def kept_slips(config: ModelConfig, batch: int, seq: int, precision: str, layout: Layout) -> tuple[NumberSlip, ...]:
     """The typical wrong counts of what a checkpointed block keeps (the right one: its fp32 input,
     ``B * S * h * 4`` bytes), at these sizes."""
     values = batch * seq * config.hidden_dim
     whole_block = sum(block_terms(config, batch, seq, precision, layout).values())
     return (
-        CountSlip("residual in 2 bytes", lambda p: values * 2,
+        NumberSlip("residual in 2 bytes", lambda p: values * 2,
                   "that counts 2 bytes per value; the residual stream, the block's input, stays fp32 (4 bytes) also "
                   "under autocast: only the matmuls read and write 16-bit values"),
-        CountSlip("every tensor", lambda p: whole_block,
+        NumberSlip("every tensor", lambda p: whole_block,
                   "that is what a block keeps without checkpointing (every tensor its backward needs); a "
                   "checkpointed block keeps only its input and recomputes the rest"),
-        CountSlip("all blocks", lambda p: values * 4 * config.num_layers,
+        NumberSlip("all blocks", lambda p: values * 4 * config.num_layers,
                   f"that is every block's input together ({config.num_layers} blocks); the answer is per block"),
-        CountSlip("values", lambda p: values,
+        NumberSlip("values", lambda p: values,
                   "that counts values, not bytes: the block's input is fp32, 4 bytes per value"),
-        CountSlip("MiB", lambda p: values * 4 / 2**20, "that is in MiB (divided by 2**20); the answer is in bytes"),
+        NumberSlip("MiB", lambda p: values * 4 / 2**20, "that is in MiB (divided by 2**20); the answer is in bytes"),
     )
 
 
@@ -154,7 +145,6 @@ def check_recompute_fraction(recompute_fraction: float) -> bool:
 
 __all__ = [
     "RECOMPUTE_SLIPS",
-    "CountSlip",
     "check_kept_per_block",
     "check_recompute_fraction",
     "check_swiglu_bytes",

@@ -1,118 +1,28 @@
 """The checks of notebook 13's forward exercises: the vector add (13.1), the RMSNorm kernel (13.2), the
 SwiGLU kernel (13.3), the bytes an RMSNorm moves (13.4) and the launch-bound size (13.5).
 
-A kernel is run against PyTorch's answer by :func:`tinyllama.course.check_function` (fresh random
-inputs, shapes that are not powers of two, guarded tensors). Before that, :func:`named_slip` runs it once
-on the same kind of inputs and compares a wrong result with each typical mistake (:class:`Slip`) computed
-in PyTorch on the same inputs; the mistake it reproduces is named in the check's feedback, else a general
-hint is given. A formula (13.4, 13.5) is compared with its slips the same way, as numbers.
+Each kernel goes through the kit's :func:`~tinyllama.course.feedback.check_kernel`: run against PyTorch's
+answer on fresh random inputs (shapes that are not powers of two, guarded tensors), a wrong result compared
+first with each typical mistake (a :class:`~tinyllama.course.feedback.Slip` computed in PyTorch on the same
+inputs), the mistake it reproduces named in the feedback, else a general hint. This module holds the
+exercises' slips and hints. A formula (13.4, 13.5) is compared with its slips the same way, as numbers
+(:class:`~tinyllama.course.feedback.NumberSlip`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tinyllama.course.checkpoints import check_between, checkpoint
-from tinyllama.course.feedback import check_function
-from tinyllama.course.guards import Guards
+from tinyllama.course.feedback import NumberSlip, Slip, check_kernel, name_number_slip, tensors_close
 
 Shape = tuple[int, ...]
 # The guards' sentence when the only sign is NaN in the result (rows read from the NaN between a view's rows, or
 # past an end): no load or store was seen past an end, so the kernel can run again on the inputs as they are.
-NAN_ONLY = "elements are NaN where the reference is finite"
-
-
-@dataclass(frozen=True)
-class Slip:
-    """A typical mistake: ``model(*inputs)`` is what it computes (in PyTorch, on the check's inputs), or
-    ``matches(actual, inputs, expected)`` says whether a result shows it (where no model can say what
-    the wrong kernel leaves in memory); ``message`` says what is wrong and where to look."""
-
-    name: str
-    message: str
-    model: Callable[..., Any] | None = None
-    matches: Callable[[torch.Tensor, tuple, torch.Tensor], bool] | None = None
-
-
-def _close(actual: Any, expected: Any, atol: float, rtol: float) -> bool:
-    if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
-        return False
-    if actual.shape != expected.shape:
-        return False
-    return bool(torch.allclose(actual.detach().double().cpu(), expected.detach().double().cpu(), atol=atol,
-                               rtol=rtol, equal_nan=True))
-
-
-def _shows(slip: Slip, actual: torch.Tensor, inputs: tuple, expected: torch.Tensor, atol: float, rtol: float) -> bool:
-    if slip.matches is not None:
-        return bool(slip.matches(actual, inputs, expected))
-    wrong = slip.model(*inputs)  # type: ignore[misc]
-    return not _close(wrong, expected, atol, rtol) and _close(actual, wrong, atol, rtol)
-
-
-def named_slip(candidate: Callable[..., Any], reference: Callable[..., Any],
-               make_inputs: Callable[[Shape], Sequence[Any]], shapes: Iterable[Shape], slips: Sequence[Slip],
-               atol: float, rtol: float, seed: int, guard: bool = True, results: list | None = None) -> Slip | None:
-    """The slip whose result ``candidate`` reproduces on the first shape where it is wrong, else ``None``
-    (also when it raises or goes past an end of a tensor: the check itself names that). Unguarded, each result
-    is appended to ``results`` (the check reuses them instead of running a slow function twice)."""
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    for shape in shapes:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            inputs = tuple(make_inputs(tuple(shape)))
-        expected = reference(*inputs)
-        guards = Guards(candidate) if guard else None
-        try:
-            if guards is None:
-                actual = candidate(*inputs)
-            else:
-                guarded = guards.inputs(inputs)
-                with guards:
-                    actual = candidate(*guarded)
-        except NotImplementedError:
-            raise
-        except Exception:  # noqa: BLE001 - the check runs it again and says what it raised
-            return None
-        if guards is not None:
-            found = guards.findings((actual,), (expected,))
-            if found and not all(NAN_ONLY in text for text in found):
-                return None  # past an end: the guards' sentence is the feedback
-            if found:  # NaN from the gaps between rows, nothing past an end: read again from the real gaps
-                actual = candidate(*inputs)
-        if results is not None and guards is None:
-            results.append(actual)
-        if _close(actual, expected, atol, rtol):
-            continue
-        return next((slip for slip in slips if _shows(slip, actual, inputs, expected, atol, rtol)), None)
-    return None
-
-
-def check_kernel(name: str, candidate: Callable[..., Any], reference: Callable[..., Any],
-                 make_inputs: Callable[[Shape], Sequence[Any]], shapes: Iterable[Shape], slips: Sequence[Slip],
-                 hint: str, atol: float, rtol: float, seed: int | None = None, guard: bool = True) -> bool:
-    """:func:`tinyllama.course.check_function` (same output when right) whose feedback names the typical
-    mistake a wrong kernel reproduces (``slips``), else gives ``hint``."""
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
-    shapes = [tuple(shape) for shape in shapes]
-    results: list = []
-    slip = named_slip(candidate, reference, make_inputs, shapes, slips, atol, rtol, seed, guard, results)
-    said = f"It matches a typical mistake: {slip.message}" if slip is not None else hint
-    if not guard:  # the same seed gives the same inputs, shape after shape: reuse what the first pass computed
-        results.reverse()
-
-        def again(*inputs: Any) -> Any:
-            return results.pop() if results else candidate(*inputs)
-    return check_function(name, again if not guard else candidate, reference, make_inputs, shapes, atol=atol,
-                          rtol=rtol, seed=seed, hint=said, guard=guard)
-
-
 # ---- 13.1: the vector add ---------------------------------------------------------------------------------------
 
 ADD_BLOCK = 1024  # the launcher's default block
@@ -122,8 +32,8 @@ def _first_block_only(actual: torch.Tensor, inputs: tuple, expected: torch.Tenso
     n = expected.numel()
     if n <= ADD_BLOCK or actual.shape != expected.shape:
         return False
-    head = _close(actual[:ADD_BLOCK], expected[:ADD_BLOCK], 0.0, 2**-7)
-    return head and not _close(actual[ADD_BLOCK:], expected[ADD_BLOCK:], 0.0, 2**-7)
+    head = tensors_close(actual[:ADD_BLOCK], expected[:ADD_BLOCK], 0.0, 2**-7)
+    return head and not tensors_close(actual[ADD_BLOCK:], expected[ADD_BLOCK:], 0.0, 2**-7)
 
 
 ADD_SLIPS: tuple[Slip, ...] = (
@@ -131,8 +41,8 @@ ADD_SLIPS: tuple[Slip, ...] = (
          "only the first BLOCK elements are right: every program works on the same offsets. The offsets are this "
          "program's first element, pid * BLOCK, plus tl.arange(0, BLOCK).", matches=_first_block_only),
     Slip("x loaded twice", "the result is x + x: the second load reads X where it should read Y.",
-         model=lambda x, y: x + x),
-    Slip("x times y", "the result is x * y: the kernel must store the sum x + y.", model=lambda x, y: x * y),
+         function=lambda x, y: x + x),
+    Slip("x times y", "the result is x * y: the kernel must store the sum x + y.", function=lambda x, y: x * y),
 )
 ADD_HINT = "Wrong elements only at the end: the mask. Everything wrong: the offsets."
 
@@ -169,16 +79,16 @@ RMSNORM_SLIPS: tuple[Slip, ...] = (
     Slip("mean over BLOCK_N",
          "the mean of the squares divides by BLOCK_N (the width rounded up to a power of two): the padded lanes are "
          "zeros, not elements. Divide the sum by N.",
-         model=lambda x, w, eps=1e-5: _rms(x, w, eps, denominator=_next_power_of_2(x.shape[-1]))),
+         function=lambda x, w, eps=1e-5: _rms(x, w, eps, denominator=_next_power_of_2(x.shape[-1]))),
     Slip("rows N apart",
          "rows after the first are read from the wrong place: row i starts at i * stride_x (x is a view whose "
          "rows lie further apart than N), not at i * N.",
-         model=lambda x, w, eps=1e-5: _rms(_rows_width_apart(x), w, eps)),
+         function=lambda x, w, eps=1e-5: _rms(_rows_width_apart(x), w, eps)),
     Slip("no weight", "the result lacks the weight: multiply the normalised row by w (loaded with the same mask).",
-         model=lambda x, w, eps=1e-5: _rms(x, w, eps, use_weight=False)),
+         function=lambda x, w, eps=1e-5: _rms(x, w, eps, use_weight=False)),
     Slip("no root",
          "the row is divided by its mean square, not by its root: rstd = tl.rsqrt(mean of the squares + eps).",
-         model=lambda x, w, eps=1e-5: _rms(x, w, eps, root=False)),
+         function=lambda x, w, eps=1e-5: _rms(x, w, eps, root=False)),
 )
 RMSNORM_HINT = ("A constant factor everywhere: the mean (over N?) or the root. Wrong rows after the first: the row "
                 "stride. NaN: a load without a mask, or without other=0.")
@@ -202,13 +112,13 @@ def _silu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 SWIGLU_SLIPS: tuple[Slip, ...] = (
     Slip("gate and up swapped", "the result is silu(up) * gate: the activation applies to the gate, silu(gate) * up.",
-         model=lambda gate, up: _silu_times(up, gate)),
+         function=lambda gate, up: _silu_times(up, gate)),
     Slip("sigmoid, not silu", "the result is sigmoid(gate) * up: silu(g) is g * sigmoid(g).",
-         model=lambda gate, up: (torch.sigmoid(gate.float()) * up.float()).to(gate.dtype)),
+         function=lambda gate, up: (torch.sigmoid(gate.float()) * up.float()).to(gate.dtype)),
     Slip("rows F apart",
          "rows after the first are read from the wrong place: gate and up are halves of one tensor, so their rows "
          "lie 2F apart (stride_g, stride_u), not F (the output's stride).",
-         model=lambda gate, up: _silu_times(_rows_width_apart(gate), _rows_width_apart(up))),
+         function=lambda gate, up: _silu_times(_rows_width_apart(gate), _rows_width_apart(up))),
 )
 SWIGLU_HINT = ("Wrong columns at the end of a row: the mask. Wrong rows: a row stride (gate and up rows are 2F apart). "
                "Everything off: silu is g * sigmoid(g).")
@@ -224,23 +134,6 @@ def check_swiglu(my_swiglu: Callable[..., Any], make_inputs: Callable[[Shape], S
 
 
 # ---- 13.4 and 13.5: numbers ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class NumberSlip:
-    """A typical wrong formula: ``value(*arguments)`` is what it gives; ``message`` says what it forgot."""
-
-    name: str
-    value: Callable[..., float]
-    message: str
-
-
-def _which(answer: float, slips: Sequence[NumberSlip], arguments: tuple, right: float, rel: float) -> NumberSlip | None:
-    for slip in slips:
-        wrong = slip.value(*arguments)
-        if not math.isclose(wrong, right, rel_tol=rel) and math.isclose(answer, wrong, rel_tol=rel):
-            return slip
-    return None
-
 
 BYTES_SLIPS: tuple[NumberSlip, ...] = (
     NumberSlip("write forgotten", lambda r, w, i: r * w * i + w * i,
@@ -321,7 +214,7 @@ def check_launch_bound(launch_bound_mib: float, launch_us: float, copy_tbs: floa
     value = float(launch_bound_mib)
     if math.isfinite(value) and math.isclose(value, expected, rel_tol=0.01):
         return check_between("launch_bound_mib", value, expected * 0.99, expected * 1.01, unit="MiB", why=LAUNCH_WHY)
-    slip = _which(value, LAUNCH_SLIPS, (launch_us, copy_tbs), expected, 0.005)
+    slip = name_number_slip(value, LAUNCH_SLIPS, (launch_us, copy_tbs), expected, 0.005)
     said = slip.message if slip else ("set the time at the copy ceiling, bytes / bandwidth, equal to the launch "
                                       "time and solve for the bytes, in MiB")
     ratio = f" ({value / expected:.3g}x the expected value)" if expected and value else ""
