@@ -28,19 +28,20 @@ import io
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from inference import networks
 from inference.benchmark import BenchmarkResult, run_benchmark
 from inference.config import WITHOUT_CONV_TEMPLATES, BenchmarkConfig
 from tinyllama import device as dev
 from tinyllama.profiling.compiled import empty_compile_caches
+from tinyllama.profiling.operators import OperatorCalls
 
 # ATen operators that call a vendor library (cuDNN/MIOpen, cuBLAS/hipBLASLt, oneDNN) and that Inductor
 # keeps as library calls in the default mode; max-autotune may replace them with generated kernels.
@@ -249,17 +250,6 @@ def autotune_choices(text: str) -> pd.DataFrame:
                                        "library_ms", "benchmark_s", "precompile_s"])
 
 
-class _OperatorCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        name = func._schema.name.removeprefix("aten::")
-        self.calls[name] = self.calls.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
 def operator_kind(name: str) -> str:
     """``library`` (a convolution or matrix product: a vendor library's kernel, kept by Inductor),
     ``view`` (no kernel: a new shape over the same memory), or ``element-wise / other`` (normalisation,
@@ -282,11 +272,11 @@ def forward_operators(network: str, input_size: int | None = None) -> pd.DataFra
     model = networks.build(spec).eval().to("meta")
     size = input_size or spec.input_size
     inputs = torch.empty(1, 3, size, size, device="meta")
-    counter = _OperatorCounter()
-    with torch.inference_mode(), counter:
+    with torch.inference_mode(), OperatorCalls() as recorder:
         networks.forward(model, spec, inputs)
-    table = pd.DataFrame([{"operator": name, "calls": calls, "kind": operator_kind(name)}
-                          for name, calls in counter.calls.items()])
+    calls = Counter(name.removeprefix("aten::") for name in recorder.names)
+    table = pd.DataFrame([{"operator": name, "calls": count, "kind": operator_kind(name)}
+                          for name, count in calls.items()])
     return table.sort_values(["calls", "operator"], ascending=[False, True], ignore_index=True)
 
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyllama.course.checkpoints import checkpoint
+from tinyllama.profiling.operators import OperatorCalls
 
 COPY_OPERATOR = re.compile(r"clone|copy")
 
@@ -77,27 +77,16 @@ def check_cases(name: str, candidate: Callable[..., Any], cases: Sequence[Case],
     return checkpoint(not wrong, f"{name} is right on all {len(cases)} cases", message)
 
 
-class _CopyCounter(TorchDispatchMode):
-    """Counts the ATen operators whose name says they copy data."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        name = func._schema.name
-        if COPY_OPERATOR.search(name):
-            self.calls[name] = self.calls.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
 def copy_operators(fn: Callable[[], Any]) -> dict[str, int]:
     """ATen operators that copy data (``aten::clone``, ``aten::copy_``, ``aten::_reshape_copy``...) run
     by ``fn()``, with their number of calls. Views (transpose, a ``view`` that fits) copy nothing."""
-    counter = _CopyCounter()
-    with counter:
+    with OperatorCalls() as recorder:
         fn()
-    return counter.calls
+    copies: dict[str, int] = {}
+    for name in recorder.names:
+        if COPY_OPERATOR.search(name):
+            copies[name] = copies.get(name, 0) + 1
+    return copies
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -23,11 +23,17 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyllama.config import ModelConfig, get_preset
 from tinyllama.course.checkpoints import checkpoint
-from tinyllama.generation import CachedDecoder, KVCache, check_generation, decode_bytes, decode_flops
+from tinyllama.generation import (
+    CachedDecoder,
+    KVCache,
+    check_generation,
+    decode_bytes,
+    decode_flops,
+)
+from tinyllama.profiling.operators import OperatorCalls
 from tinyllama.timing import Stats, verdict  # noqa: F401  (verdict: re-exported for notebook 22)
 
 # A model whose every dimension differs from the others, so each slip gives its own number:
@@ -297,24 +303,13 @@ def decode_flops_real(config: ModelConfig, batch: float, context_len: int) -> fl
 _NO_KERNEL = frozenset({"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like"})
 
 
-class _OpCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL:  # metadata only: no kernel
-            self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def count_ops(fn: Callable[[], Any]) -> Counter[str]:
     """The ATen operators ``fn()`` dispatches, by name, views left out: on a GPU each is (about) one kernel
     launch of eager PyTorch. A ``TorchDispatchMode`` sees them without a profiler, so nothing stays behind
     that would slow later timings in this process."""
-    counter = _OpCounter()
-    with torch.no_grad(), counter:
+    with torch.no_grad(), OperatorCalls() as recorder:
         fn()
-    return counter.ops
+    return Counter(func.overloadpacket.__name__ for func in recorder.calls
+                   if not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL)  # metadata only: no kernel
 
 

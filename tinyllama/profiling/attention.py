@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyllama import device as dev
+from tinyllama.profiling.operators import OperatorCalls
 
 # The operator each SDPA backend runs under, most specific first (ATen names, as a profiler records them).
 BACKEND_OPERATORS: tuple[tuple[str, str], ...] = (
@@ -98,26 +98,13 @@ def backend_from_operators(names: list[str]) -> tuple[str, str]:
     return "unknown", next((n for n in names if "scaled_dot_product" in n), "none recorded")
 
 
-class _OperatorNames(TorchDispatchMode):
-    """Records the ATen operators called while active: what a profiler's operator rows would show,
-    without a profiler session (which would slow every later launch in this process)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - PyTorch's signature
-        self.names.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
-
-
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                  backend: str | None = None, kernels: bool = False) -> BackendChoice:
     """Which backend :func:`sdpa` runs for these tensors (forward and, when they require gradients, the
     backward), named from the operator the dispatcher calls, seen by a dispatch mode (no profiler).
     ``kernels=True`` also lists the device kernels it launched, which takes a profiler session: the
     process then refuses later timings (``tinyllama.timing``), so ask for kernels after timing."""
-    with _OperatorNames() as recorder:
+    with OperatorCalls() as recorder:
         out = sdpa(q, k, v, causal, backend)
         if out.requires_grad:
             out.sum().backward()

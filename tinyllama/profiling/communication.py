@@ -27,7 +27,6 @@ splits them, per profiled step and per rank:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from tinyllama.config import BenchmarkError
-from tinyllama.profiling.torch_profiler import ProfileRun, is_device_event
+from tinyllama.profiling.torch_profiler import ProfileRun, is_device_event, load_events
 
 # Kernel names of NCCL and RCCL (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...), the c10d
 # operators PyTorch records for every collective, and gloo's ranges.
@@ -219,7 +218,7 @@ _DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 def read_trace(path: str | Path) -> RankProfile:
     """One rank's :class:`RankProfile` from a Chrome trace that ``profile_steps`` wrote (``--trace-dir``):
     the same figures from saved traces, one per rank."""
-    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+    events = [e for e in load_events(path) if e.get("ph") == "X"]
 
     def span(e: dict[str, Any]) -> Interval:
         return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
@@ -425,7 +424,7 @@ def trace_timeline(path: str | Path, step: int | None = None) -> pd.DataFrame:
     thread; gloo runs its collectives on threads of its own), ``name``, ``start_ms`` (from the step's
     start), ``duration_ms``, ``collective``. ``step``
     picks a ``ProfilerStep#N`` (default: the last one in the trace)."""
-    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+    events = [e for e in load_events(path) if e.get("ph") == "X"]
     steps = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")),
                    key=lambda e: int(e["name"].split("#")[1]))
     if not steps:

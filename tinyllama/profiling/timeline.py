@@ -21,7 +21,6 @@ The trace is the documented Chrome trace format (``traceEvents``) that Perfetto 
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import re
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from tinyllama.profiling.torch_profiler import ProfileRun, categorize
+from tinyllama.profiling.torch_profiler import ProfileRun, categorize, load_events
 
 MIB = 2**20
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -81,12 +80,6 @@ def layout_conversion_share(kernels: pd.DataFrame) -> float:
 # --------------------------------------------------------------------------------------------------
 # Reading the trace
 # --------------------------------------------------------------------------------------------------
-
-
-def load_events(path: str | Path) -> list[dict[str, Any]]:
-    """The ``traceEvents`` of a Chrome trace file."""
-    data = json.loads(Path(path).read_text())
-    return data["traceEvents"] if isinstance(data, dict) else data
 
 
 def _step_range(events: list[dict[str, Any]], step: int | None, path: Any) -> tuple[float, float]:

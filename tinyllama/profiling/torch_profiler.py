@@ -19,6 +19,7 @@ trace that Perfetto (https://ui.perfetto.dev), ``chrome://tracing`` and TensorBo
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import re
 import warnings
 from dataclasses import dataclass
@@ -60,6 +61,12 @@ _RULES: list[tuple[str, str]] = [
     (r"elementwise|triton_poi|silu|\bmul|\badd|\bsub|\bdiv|\bneg|pow|rsqrt|sqrt|exp|\bcos|\bsin|where|"
      r"sigmoid|gelu|relu|tanh|\bsilu", ELEMENTWISE),
 ]
+
+
+def load_events(path: str | Path) -> list[dict[str, Any]]:
+    """The ``traceEvents`` of a Chrome trace file (what :func:`profile_steps` writes, as Perfetto reads it)."""
+    data = json.loads(Path(path).read_text())
+    return data["traceEvents"] if isinstance(data, dict) else data
 
 
 def categorize(name: str) -> str:
