@@ -22,7 +22,7 @@ What the counts are:
 
 Kinds (:data:`KINDS`) come from the names, read by :func:`tinyllama.profiling.kernel_names.kernel_class`
 (cuDNN/MIOpen/cuBLAS/hipBLASLt/PyTorch kernel names and ATen operators) and
-:func:`tinyllama.profiling.torch_profiler.is_fused_kernel` (Inductor's generated kernels). An Inductor
+:func:`tinyllama.profiling.kernel_names.is_fused_kernel` (Inductor's generated kernels). An Inductor
 kernel whose name says it computes a batch norm (``triton_poi_fused__native_batch_norm_legit_no_training_relu_0``:
 the batch norm fused with the ReLU after it) counts as batch norm: it still reads and writes the whole
 activation for it. With Inductor's freezing the batch norms are folded into the convolutions' weights and
@@ -49,7 +49,7 @@ import pandas as pd
 from inference.config import BenchmarkConfig, BenchmarkError
 from tinyllama.profiling.kernel_names import BATCH_NORM as _BN_CLASS
 from tinyllama.profiling.kernel_names import CONV_GEMM, COPY, ELEMENTWISE, LAYOUT, kernel_class
-from tinyllama.profiling.torch_profiler import is_fused_kernel
+from tinyllama.profiling.kernel_names import is_convolution_kernel, is_fused_kernel
 
 CONVOLUTION, BATCH_NORM, FUSED, MATRIX_PRODUCT, COPY_LAYOUT, OTHER = (
     "convolution", "batch norm", "element-wise / fused", "matrix product", "copy / layout", "other")
@@ -57,9 +57,6 @@ KINDS = (CONVOLUTION, BATCH_NORM, FUSED, MATRIX_PRODUCT, COPY_LAYOUT, OTHER)
 PROFILED_STEPS = 3  # recorded steps per configuration (the counts are divided by it)
 TIMEOUT_S = 1200.0  # a census compiles each configuration again: minutes on a CPU, seconds on a GPU
 
-# kernel_class puts convolutions and matrix products in one class; these name parts tell them apart
-# (cuDNN's fprop/dgrad/wgrad and implicit GEMMs, MIOpen's igemm/winograd, oneDNN's convolution ops).
-_CONVOLUTION = re.compile(r"conv|fprop|dgrad|wgrad|implicit_gemm|igemm|winograd", re.IGNORECASE)
 # Matrix products kernel_class does not name: the CPU's oneDNN/MKL linear layers after freezing.
 _LINEAR = re.compile(r"_linear\b|_linear_pointwise|mkl_linear")
 
@@ -73,7 +70,7 @@ def kernel_kind(name: str) -> str:
     if fused:
         return FUSED
     if kind == CONV_GEMM or _LINEAR.search(name):
-        return CONVOLUTION if _CONVOLUTION.search(name) else MATRIX_PRODUCT
+        return CONVOLUTION if is_convolution_kernel(name) else MATRIX_PRODUCT
     if kind == ELEMENTWISE:
         return FUSED
     if kind in (COPY, LAYOUT):

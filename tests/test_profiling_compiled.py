@@ -155,7 +155,7 @@ def test_operator_calls_and_launches_on_the_cpu():
 
 
 def test_generated_kernels_are_recognised_on_both_devices():
-    from tinyllama.profiling.torch_profiler import is_fused_kernel
+    from tinyllama.profiling.kernel_names import is_fused_kernel
 
     for name in ("triton_poi_fused_add_mul_0", "triton_red_fused_mean_1", "cpp_fused_add_mean_0",
                  "graph_0_cpp_fused_mul_silu_3"):

@@ -47,7 +47,7 @@ from tinyllama.harness.comparison.runs import RUN_SETS, RunSpec, expand_runs, pa
 from tinyllama.models import build
 from tinyllama.models.weights import canonical_state_dict, from_canonical, unwrap
 from tinyllama.profiling.isolated import isolated
-from tinyllama.profiling.queries import is_gemm_kernel
+from tinyllama.profiling.kernel_names import is_gemm_kernel
 from tinyllama.training import check_cuda_graph, make_batches
 
 __all__ = ["RECORD_KIND", "REGRESSION_FLAGS", "RUN_SETS", "TOLERANCES", "Comparison", "ParityCheck", "Reference",

@@ -245,3 +245,48 @@ def compare_launch_times(vendor_launches: pd.DataFrame, torch_side: pd.DataFrame
     table["same_kernel"] = [isinstance(t, str) and short_name(v) == short_name(t)
                             for v, t in zip(table["kernel"], table["torch_kernel"])]
     return table.drop(columns="torch_kernel").reset_index(drop=True)
+
+# ---- single questions about a kernel's name -------------------------------------------------------------------
+
+# Kernels that torch.compile (Inductor) generates: ``triton_poi_fused_*`` (point-wise), ``triton_red_fused_*``
+# and ``triton_per_fused_*`` (reductions), ``triton_tem_fused_*`` (templates: matmul with fused epilogue),
+# ``cpp_fused_*`` on a CPU (recorded as ``graph_N_cpp_fused_*`` when Inductor's ``cpp.enable_kernel_profile``
+# is on). Inductor wraps each launch in a profiler range of the kernel's own name.
+_FUSED_KERNEL = re.compile(r"^(graph_\d+_)?((triton|cpp)_(poi|red|per|tem|for|mix)_|triton_.*fused|cpp_fused_)")
+
+
+def is_fused_kernel(name: str) -> bool:
+    """Whether ``name`` is a kernel ``torch.compile`` generated (``triton_poi_fused_add_mul_0``). The
+    profiler records its launch as a host range of the same name, which is not a user range."""
+    return bool(_FUSED_KERNEL.search(name))
+
+
+# Kernels that only change a tensor's memory layout between NCHW and NHWC. cuDNN names them
+# ``cudnn::engines_precompiled::nchwToNhwcKernel`` / ``nhwcToNchwKernel`` (seen on an H200 with cuDNN 9,
+# 2026-11-22); MIOpen's are ``batched_transpose_*`` (from its sources, not seen on a GPU here).
+_LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose", re.IGNORECASE)
+
+
+def is_layout_conversion(name: str) -> bool:
+    """Whether a device kernel only converts a tensor between the NCHW and NHWC layouts."""
+    return bool(_LAYOUT_CONVERSION.search(name))
+
+
+# Device kernels of cuBLAS/cuBLASLt (gemm, xmma, nvjet, cutlass), hipBLASLt/Tensile (Cijk_) and
+# Inductor's matmul templates; attention kernels built on CUTLASS are not GEMM launches of a projection.
+_GEMM_KERNEL = re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|Cijk_|triton_tem_fused_.*mm", re.IGNORECASE)
+_NOT_GEMM_KERNEL = re.compile(r"fmha|flash|attention|sdpa|softmax", re.IGNORECASE)
+
+
+def is_gemm_kernel(name: str) -> bool:
+    """Whether a device kernel's name is a matrix-multiply kernel (NVIDIA or AMD libraries, Inductor)."""
+    return bool(_GEMM_KERNEL.search(name)) and not _NOT_GEMM_KERNEL.search(name)
+
+
+# kernel_class puts convolutions and matrix products in one class; these name parts tell them apart
+# (cuDNN's fprop/dgrad/wgrad and implicit GEMMs, MIOpen's igemm/winograd, oneDNN's convolution ops).
+_CONVOLUTION = re.compile(r"conv|fprop|dgrad|wgrad|implicit_gemm|igemm|winograd", re.IGNORECASE)
+
+def is_convolution_kernel(name: str) -> bool:
+    """Whether a kernel (or a CPU operator) of :data:`CONV_GEMM` is a convolution rather than a matrix product."""
+    return bool(_CONVOLUTION.search(name))

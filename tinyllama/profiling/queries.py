@@ -3,29 +3,18 @@ operators and device kernels) it runs, and where its time goes (top kernels and 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
 from torch import nn
 
 from tinyllama import device as dev
+from tinyllama.profiling.kernel_names import is_gemm_kernel
 from tinyllama.profiling.torch_profiler import activities, event_time, is_device_event
 from tinyllama.training import TrainingStep
 
 # PyTorch's matrix-multiply operators at the bottom of the call tree (linear and matmul call these).
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_scaled_mm"})
-# Device kernels of cuBLAS/cuBLASLt (gemm, xmma, nvjet, cutlass), hipBLASLt/Tensile (Cijk_) and
-# Inductor's matmul templates; attention kernels built on CUTLASS are not GEMM launches of a projection.
-_GEMM_KERNEL = re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|Cijk_|triton_tem_fused_.*mm", re.IGNORECASE)
-_NOT_GEMM_KERNEL = re.compile(r"fmha|flash|attention|sdpa|softmax", re.IGNORECASE)
-
-
-def is_gemm_kernel(name: str) -> bool:
-    """Whether a device kernel's name is a matrix-multiply kernel (NVIDIA or AMD libraries, Inductor)."""
-    return bool(_GEMM_KERNEL.search(name)) and not _NOT_GEMM_KERNEL.search(name)
-
-
 def profile_training_steps(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], precision: str,
                            device: torch.device, steps: int) -> Any:
     """Profile ``steps`` training steps after one unprofiled step (compiled code is built by then)."""

@@ -28,23 +28,15 @@ from typing import Any
 
 import pandas as pd
 
+from tinyllama.profiling.kernel_names import is_layout_conversion
 from tinyllama.profiling.torch_profiler import ProfileRun, categorize, load_events
 
 MIB = 2**20
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAYOUT_CONVERSION = "layout conversion"
-# Kernels that only change a tensor's memory layout between NCHW and NHWC. cuDNN names them
-# ``cudnn::engines_precompiled::nchwToNhwcKernel`` / ``nhwcToNchwKernel`` (seen on an H200 with cuDNN 9,
-# 2026-11-22); MIOpen's are ``batched_transpose_*`` (from its sources, not seen on a GPU here).
-_LAYOUT_CONVERSION = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose", re.IGNORECASE)
 _DEVICE_TYPE = {"cpu": 0, "cuda": 1}
 # Operators that only allocate for the operator around them: memory is charged to that one.
 _ALLOCATING_HELPERS = re.compile(r"^aten::(empty|empty_strided|empty_like|new_empty|new_empty_strided|resize_)$")
-
-
-def is_layout_conversion(name: str) -> bool:
-    """Whether a device kernel only converts a tensor between the NCHW and NHWC layouts."""
-    return bool(_LAYOUT_CONVERSION.search(name))
 
 
 def kernel_table(run: ProfileRun) -> pd.DataFrame:

@@ -31,6 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from tinyllama import device as dev
+from tinyllama.profiling.kernel_names import is_fused_kernel
 from tinyllama.profiling.vendor import KERNEL_COLUMNS
 from tinyllama.training import PHASES, TrainingStep
 
@@ -89,19 +90,6 @@ def categorize(name: str) -> str:
         if getattr(torch.Tag, "reduction", None) in tags:
             return REDUCTION
     return OTHER
-
-
-# Kernels that torch.compile (Inductor) generates: ``triton_poi_fused_*`` (point-wise), ``triton_red_fused_*``
-# and ``triton_per_fused_*`` (reductions), ``triton_tem_fused_*`` (templates: matmul with fused epilogue),
-# ``cpp_fused_*`` on a CPU (recorded as ``graph_N_cpp_fused_*`` when Inductor's ``cpp.enable_kernel_profile``
-# is on). Inductor wraps each launch in a profiler range of the kernel's own name.
-_FUSED_KERNEL = re.compile(r"^(graph_\d+_)?((triton|cpp)_(poi|red|per|tem|for|mix)_|triton_.*fused|cpp_fused_)")
-
-
-def is_fused_kernel(name: str) -> bool:
-    """Whether ``name`` is a kernel ``torch.compile`` generated (``triton_poi_fused_add_mul_0``). The
-    profiler records its launch as a host range of the same name, which is not a user range."""
-    return bool(_FUSED_KERNEL.search(name))
 
 
 def row_kind(name: str, is_annotation: bool = False) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tinyllama.harness.comparison.fusions import fusion_effects as effects_frame
 from tinyllama.harness.comparison.fusions import fusion_label, fusion_runs, timed_run  # noqa: F401 (fusion_label: benchmarks/gpu/compare_gpu.py)
-from tinyllama.profiling.queries import is_gemm_kernel
+from tinyllama.profiling.kernel_names import is_gemm_kernel
 
 V4 = "v4:bf16"  # as shipped: on a GPU its whole training step, optimizer included, replayed from CUDA graphs
 V4_EAGER = "v4[cuda_graph=0]:bf16"  # the same compiled model, every kernel launched from Python
