@@ -16,7 +16,7 @@ These are the references against which formulas written by hand are checked (not
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,40 @@ def built_parameter_count(config: ModelConfig, version: str = "v1") -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@dataclass(frozen=True)
+class SavedTensor:
+    """One storage autograd saved for the backward: its bytes, the shape and dtype of the first tensor saved
+    on it, and the label :func:`saved_for_backward` was asked to give it."""
+
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    label: Any = None
+
+
+@contextlib.contextmanager
+def saved_for_backward(exclude: Iterable[torch.Tensor] = (),
+                       label: Callable[[torch.Tensor], Any] | None = None) -> Iterator[dict[int, SavedTensor]]:
+    """Within the block, every storage autograd saves for the backward, once (views of one tensor share
+    it), through ``torch.autograd.graph.saved_tensors_hooks``: storage address -> :class:`SavedTensor`.
+    The storages of ``exclude`` (a model's parameters and buffers: they exist whether or not a step runs)
+    and meta tensors (no memory) are left out; ``label(tensor)`` says what saved a storage, asked when it
+    is first seen. Saved tensors live until the backward, so no two of them share an address."""
+    skip = {tensor.untyped_storage().data_ptr() for tensor in exclude}
+    saved: dict[int, SavedTensor] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if tensor.device.type != "meta" and key not in skip and key not in saved:
+            saved[key] = SavedTensor(storage.nbytes(), tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."),
+                                     label(tensor) if label is not None else None)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield saved
+
+
 @dataclass
 class SavedActivations:
     """The tensors autograd saved for the backward during one forward pass.
@@ -61,26 +95,16 @@ def saved_activations(model: nn.Module, forward: Callable[[], torch.Tensor]) -> 
     parameters and buffers are left out: they exist whether or not a step runs. The result is exact
     and the same on every device; on a GPU the allocator's peak adds the backward's temporaries.
     """
-    exclude = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-    seen: dict[int, tuple[int, tuple[int, ...], str]] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in exclude and tensor.device.type != "meta" and key not in seen:
-            seen[key] = (storage.nbytes(), tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with saved_for_backward(exclude=[*model.parameters(), *model.buffers()]) as saved:
         loss = forward()
     loss.backward()
     rows: dict[tuple[tuple[int, ...], str], list[int]] = {}
-    for nbytes, shape, dtype in seen.values():
-        rows.setdefault((shape, dtype), []).append(nbytes)
+    for tensor in saved.values():
+        rows.setdefault((tensor.shape, tensor.dtype), []).append(tensor.nbytes)
     table = pd.DataFrame([{"shape": str(shape), "dtype": dtype, "tensors": len(sizes), "mib": sum(sizes) / 2**20}
                           for (shape, dtype), sizes in rows.items()], columns=["shape", "dtype", "tensors", "mib"])
     table = table.sort_values("mib", ascending=False, ignore_index=True)
-    return SavedActivations(sum(nbytes for nbytes, _, _ in seen.values()), table)
+    return SavedActivations(sum(tensor.nbytes for tensor in saved.values()), table)
 
 
 def fit_batch_seq(points: Sequence[tuple[int, int, float]]) -> tuple[float, float, float]:

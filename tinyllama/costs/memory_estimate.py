@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from tinyllama.config import DTYPES, ModelConfig, autocast_context, check_precision
+from tinyllama.costs.anatomy import saved_for_backward
 from tinyllama.models import lm_loss
 from tinyllama.models.weights import unwrap
 
@@ -261,15 +262,7 @@ def measure_activation_terms(model: nn.Module, inputs: torch.Tensor, targets: to
     names = {module: name for name, module in model_.named_modules()}
     names_to_modules = dict(model_.named_modules())
     weights = {tuple(m.weight.shape) for m in model_.modules() if isinstance(m, nn.Linear)}
-    exclude = {t.untyped_storage().data_ptr() for t in list(model_.parameters()) + list(model_.buffers())}
     stack: list[str] = []
-    seen: dict[int, tuple[str, int]] = {}
-
-    def record(tensor: torch.Tensor, term: str) -> None:
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in exclude and key not in seen:
-            seen[key] = (term, storage.nbytes())
 
     def is_weight_copy(tensor: torch.Tensor) -> bool:
         # A projection's weight cast by autocast: half precision, the weight's shape, or its transpose
@@ -279,7 +272,7 @@ def measure_activation_terms(model: nn.Module, inputs: torch.Tensor, targets: to
         return (tuple(tensor.shape) in weights and tensor.is_contiguous()) or \
             (tuple(tensor.t().shape) in weights and tensor.t().is_contiguous() and not tensor.is_contiguous())
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def term_of(tensor: torch.Tensor) -> str:
         if not stack:
             term = "loss"  # saved outside the model: the cross-entropy
         elif stack[-1] == "":
@@ -290,8 +283,7 @@ def measure_activation_terms(model: nn.Module, inputs: torch.Tensor, targets: to
             term = "autocast weight copies"
         else:
             term = term_of_module(stack[-1])
-        record(tensor, term)
-        return tensor
+        return term
 
     def enter(module: nn.Module, args: tuple) -> None:
         stack.append(names[module])
@@ -304,7 +296,7 @@ def measure_activation_terms(model: nn.Module, inputs: torch.Tensor, targets: to
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with saved_for_backward(exclude=[*model_.parameters(), *model_.buffers()], label=term_of) as saved:
             with autocast_context(precision, device):
                 logits = model(inputs)
             loss = lm_loss(logits, targets)
@@ -314,8 +306,8 @@ def measure_activation_terms(model: nn.Module, inputs: torch.Tensor, targets: to
         for handle in handles:
             handle.remove()
     rows: dict[str, list[int]] = {}
-    for term, nbytes in seen.values():
-        rows.setdefault(term, []).append(nbytes)
+    for tensor in saved.values():
+        rows.setdefault(tensor.label, []).append(tensor.nbytes)
     return pd.DataFrame([{"term": t, "bytes": sum(b), "tensors": len(b)} for t, b in rows.items()])
 
 

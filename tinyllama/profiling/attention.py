@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tinyllama import device as dev
+from tinyllama.costs.anatomy import saved_for_backward
 from tinyllama.profiling.operators import OperatorCalls
 
 # The operator each SDPA backend runs under, most specific first (ATen names, as a profiler records them).
@@ -135,16 +136,9 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 def saved_tensor_bytes(fn: Callable[[], Any]) -> int:
     """Bytes of the tensors autograd saves for the backward while ``fn()`` runs, each storage counted
     once (inputs that are saved count too). The result of ``fn`` is dropped."""
-    saved: dict[tuple[int, int], int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        saved[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward() as saved:
         fn()
-    return sum(saved.values())
+    return sum(tensor.nbytes for tensor in saved.values())
 
 
 def peak_memory_bytes(fn: Callable[[], Any], device: torch.device | str | None = None) -> int | None:

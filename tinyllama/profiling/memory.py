@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from tinyllama import device as dev
+from tinyllama.costs.anatomy import saved_for_backward
 from tinyllama.profiling.torch_profiler import activities
 
 MIB = 2**20
@@ -50,11 +51,6 @@ def _device_of(step: Any) -> torch.device:
     return getattr(step, "device", None) or dev.get_device()
 
 
-def _storage_key(t: torch.Tensor) -> tuple[int, int]:
-    storage = t.untyped_storage()
-    return storage.data_ptr(), storage.nbytes()
-
-
 def memory_breakdown(step: Any, inputs: torch.Tensor, targets: torch.Tensor) -> pd.DataFrame:
     """The memory one training step needs, by kind, counted from the tensors (any device).
 
@@ -64,15 +60,8 @@ def memory_breakdown(step: Any, inputs: torch.Tensor, targets: torch.Tensor) -> 
     Runs one full training step (the model's weights change).
     """
     model = step.model
-    params = {_storage_key(p) for p in model.parameters()}
-    saved: dict[tuple[int, int], int] = {}
+    params = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
     found: dict[str, tuple[float, int]] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key not in params and t.device.type != "meta":
-            saved[key] = key[1]
-        return t
 
     def on_mark(phase: str) -> None:
         if phase == "backward":
@@ -83,14 +72,15 @@ def memory_breakdown(step: Any, inputs: torch.Tensor, targets: torch.Tensor) -> 
                      if torch.is_tensor(t) and t.dim() > 0]
             found["optimizer state"] = (sum(t.numel() * t.element_size() for t in state) / MIB, len(state))
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward(exclude=model.parameters()) as saved:
         step(inputs, targets, timer=_PhaseProbe(on_mark))
     rows = [
-        {"kind": "parameters", "mib": sum(n for _, n in params) / MIB, "tensors": len(params)},
+        {"kind": "parameters", "mib": sum(params.values()) / MIB, "tensors": len(params)},
         {"kind": "gradients", "mib": found.get("gradients", (0.0, 0))[0], "tensors": found.get("gradients", (0, 0))[1]},
         {"kind": "optimizer state", "mib": found.get("optimizer state", (0.0, 0))[0],
          "tensors": found.get("optimizer state", (0, 0))[1]},
-        {"kind": "activations saved for backward", "mib": sum(saved.values()) / MIB, "tensors": len(saved)},
+        {"kind": "activations saved for backward", "mib": sum(t.nbytes for t in saved.values()) / MIB,
+         "tensors": len(saved)},
     ]
     return pd.DataFrame(rows)
 
