@@ -24,10 +24,10 @@ from inference.results import results_frame
 from inference.sweep import MaxBatchResult, SweepResult, find_max_batch_size, run_many, sweep_batch_sizes
 from tinyllama.harness.records import append_csv, append_json, load_json
 
-from tinyllama.facade import lazy_exports
+from tinyllama import lazy_exports
 
 # What notebooks import from this package beyond the names above, and the module that holds each: imported on
-# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+# first use (tinyllama.lazy_exports), so importing the package stays cheap and a module can move with one line here.
 _LAZY: dict[str, str] = {
     "RANGES": ".benchmark",
     "BenchmarkConfig": ".config",

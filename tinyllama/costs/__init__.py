@@ -4,10 +4,10 @@ arithmetic intensity of its kernels (``intensity``, ``kernel_costs``), its param
 they are set against (``ceilings``). Modules are imported one by one.
 """
 
-from tinyllama.facade import lazy_exports
+from tinyllama import lazy_exports
 
 # What notebooks import from this package beyond the names above, and the module that holds each: imported on
-# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+# first use (tinyllama.lazy_exports), so importing the package stays cheap and a module can move with one line here.
 _LAZY: dict[str, str] = {
     "host_us_per_call": ".kernel_costs",
     "CHECKPOINT_TERM": ".memory_estimate", "block_terms": ".memory_estimate", "compare_terms": ".memory_estimate",

@@ -40,10 +40,10 @@ from tinyllama.course.results import latest, load_results, record, results_dir
 from tinyllama.course.reveal import reveal
 from tinyllama.course.session import Session, start
 
-from tinyllama.facade import lazy_exports
+from tinyllama import lazy_exports
 
 # What notebooks import from this package beyond the names above, and the module that holds each: imported on
-# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+# first use (tinyllama.lazy_exports), so importing the package stays cheap and a module can move with one line here.
 _LAZY: dict[str, str] = {
     "check_backend_reader": ".compile_checks", "check_break_even": ".compile_checks",
     "check_operator_fates": ".compile_checks", "describe_break_even": ".compile_checks",

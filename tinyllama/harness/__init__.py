@@ -8,10 +8,10 @@ text generation; ``records`` the results files (shared with ``inference``); ``cl
 command line shares. Modules are imported one by one: importing this package loads none of them.
 """
 
-from tinyllama.facade import lazy_exports
+from tinyllama import lazy_exports
 
 # What notebooks import from this package beyond the names above, and the module that holds each: imported on
-# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+# first use (tinyllama.lazy_exports), so importing the package stays cheap and a module can move with one line here.
 _LAZY: dict[str, str] = {
     "run_benchmark": ".bench",
     "compare_versions": ".compare:compare",  # the function; ``compare`` is its module

@@ -37,10 +37,10 @@ from tinyllama.profiling.vendor import (
     read_rocprof_compute_roofline, read_rocprofv3_kernel_stats, rocprof_compute_points,
 )
 
-from tinyllama.facade import lazy_exports
+from tinyllama import lazy_exports
 
 # What notebooks import from this package beyond the names above, and the module that holds each: imported on
-# first use (tinyllama.facade), so importing the package stays cheap and a module can move with one line here.
+# first use (tinyllama.lazy_exports), so importing the package stays cheap and a module can move with one line here.
 _LAZY: dict[str, str] = {
     "backend_from_operators": ".attention", "peak_memory_bytes": ".attention", "saved_tensor_bytes": ".attention",
     "sdpa": ".attention", "sdpa_backend": ".attention",
