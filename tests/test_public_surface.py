@@ -76,3 +76,50 @@ def test_importing_a_facade_loads_none_of_its_lazy_modules():
             "print(sorted(m for m in sys.modules if m.startswith(('tinyllama.harness.', 'tinyllama.costs.'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+# The spine and the folders above it, in the order they may import each other (README, "Layout"): a module
+# imports only from its own part and the parts before it.
+LAYERS = ["config", "device", "timing", "correctness", "data", "kernels", "models", "training", "costs", "profiling",
+          "generation", "harness", "course"]
+
+
+def test_the_package_has_the_spine_and_its_folders_only():
+    entries = sorted(p.name for p in (ROOT / "tinyllama").iterdir() if not p.name.startswith((".", "__pycache__")))
+    assert len(entries) <= 14, entries
+
+
+def _part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1].removesuffix(".py") if parts[0] == "tinyllama" and len(parts) > 1 else None
+
+
+def test_no_module_imports_from_a_part_above_its_own():
+    upward = []
+    for path in sorted((ROOT / "tinyllama").rglob("*.py")):
+        here = _part(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        if here not in LAYERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                # ``from tinyllama import kernels`` imports the part it names
+                names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "tinyllama" else [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                there = _part(name)
+                if there in LAYERS and LAYERS.index(there) > LAYERS.index(here):
+                    upward.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not upward, upward
+
+
+def test_the_kernels_and_models_import_only_the_settings_the_device_and_the_checks():
+    allowed = {"config", "device", "correctness", "kernels", "models"}
+    for part in ("kernels", "models"):
+        for path in sorted((ROOT / "tinyllama" / part).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tinyllama"):
+                    names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "tinyllama" else [node.module]
+                    assert all(_part(name) in allowed for name in names), f"{path.relative_to(ROOT)} imports {names}"
