@@ -190,6 +190,14 @@ def test_the_command_passes(notebook, tmp_path, monkeypatch):
     assert argv[-2:] == ["--baseline-throughput", "10"] and "--device" in argv
 
 
+def test_the_launchers_flags_pass_in_either_order(notebook, tmp_path, monkeypatch):
+    # --standalone after --nproc-per-node is as right as before it
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    swapped = ('"--standalone", "--nproc-per-node", str(k),', '"--nproc-per-node", str(k), "--standalone",')
+    namespace = notebook.run("05.4", _command_namespace(tmp_path), swapped)
+    assert namespace["command_ok"]
+
+
 @pytest.mark.parametrize("mistake", [
     ('"--batch-size", str(k * per_gpu_batch)', '"--batch-size", str(per_gpu_batch)'),  # the per-GPU batch as global
     ('"--standalone", "--nproc-per-node", str(k),', '"--standalone",'),  # one process
