@@ -7,13 +7,16 @@ import re
 
 import pandas as pd
 import pytest
+from notebook_exercises import SolutionExercises
 
 from inference import compile_modes as cm
-from notebook_exercises import SolutionExercises
 from tinyllama import course
+from tinyllama.course.break_even_checks import check_break_even
 from tinyllama.course.checkpoints import CheckpointFailed
-from tinyllama.course.compile_checks import check_break_even
-from tinyllama.course.compile_mode_checks import check_serving_seconds, check_speedup_predictions
+from tinyllama.course.compile_mode_checks import (
+    check_serving_seconds,
+    check_speedup_predictions,
+)
 
 pytestmark = pytest.mark.usefixtures("strict")
 
@@ -56,7 +59,7 @@ GUARD = "if saved_s > 0 else math.inf"
 
 
 @pytest.mark.parametrize("mistake, message", [
-    # the slips of compile_checks.BREAK_EVEN_SLIPS, the one list of 06.2 and 16.3
+    # the slips of break_even_checks.BREAK_EVEN_SLIPS, the one list of 06.2 and 16.3
     ((SAVED, "saved_s = eager_ms - compiled_ms"), "1000 times too few steps"),  # seconds over milliseconds
     ((GUARD, "if saved_s != 0 else math.inf"), "negative number of steps where the compiled step is slower"),
     ((" if saved_s > 0 else math.inf", ""), "divides by zero where the two steps take equal times"),
@@ -74,16 +77,16 @@ GUARD = "if saved_s > 0 else math.inf"
 def test_break_even_mistakes_fail_each_with_its_own_message(notebook, mistake, message):
     with pytest.raises(CheckpointFailed, match=re.escape(message)) as failed:
         notebook.run("06.2", _namespace(), mistake)
-    from tinyllama.course.compile_checks import BREAK_EVEN_SLIPS
+    from tinyllama.course.break_even_checks import BREAK_EVEN_SLIPS
 
     others = [slip.name for slip in BREAK_EVEN_SLIPS if message not in slip.message and slip.message in str(failed.value)]
     assert not others, f"the feedback names other mistakes too: {others}"
 
 
 def test_every_break_even_slip_differs_from_the_reference_and_is_named_as_itself():
-    """One list of slips for 06.2 and 16.3 (compile_checks.BREAK_EVEN_SLIPS): each differs from the answer on
+    """One list of slips for 06.2 and 16.3 (break_even_checks.BREAK_EVEN_SLIPS): each differs from the answer on
     the check's cases, and the naming function names each as itself (no earlier slip answers the same)."""
-    from tinyllama.course import compile_checks as cc
+    from tinyllama.course import break_even_checks as cc
 
     right = [cc.outcome(cc.break_even_steps, case) for case in cc.BREAK_EVEN_CASES]
     for slip in cc.BREAK_EVEN_SLIPS:

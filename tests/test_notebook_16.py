@@ -3,14 +3,15 @@ run on the reference answer (it passes) and on an answer with one typical mistak
 WORKSHOP_STRICT=1). The operator counts are those of a V4 step at the ci preset on a CPU (eager, then
 compiled), as the profiler gave them."""
 
+import inspect
 import math
 
 import pandas as pd
 import pytest
-
 from notebook_exercises import SolutionExercises
+
 from tinyllama import course
-from tinyllama.course import compile_checks, compile_mode_checks
+from tinyllama.course import break_even_checks, compile_checks, compile_mode_checks
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.results import checkout_root
 
@@ -33,8 +34,8 @@ def notebook():
 def _namespace():
     return {"math": math, "course": course, "pd": pd, "eager_calls": EAGER_CALLS, "compiled_calls": COMPILED_CALLS,
             "sdpa_operator": SDPA_CPU, "names": PROFILE_NAMES, **{n: getattr(compile_checks, n) for n in (
-                "check_backend_reader", "check_break_even", "check_operator_fates")},
-            "check_break_even_steps": compile_mode_checks.check_break_even_steps}
+                "check_backend_reader", "check_operator_fates")}, "check_break_even": break_even_checks.check_break_even,
+            "check_break_even_steps": break_even_checks.check_break_even_steps}
 
 
 def _run(notebook, exercise, replace=None):
@@ -98,7 +99,7 @@ BREAK_EVEN_SLIPS = [  # (the solution's text, the slip, what the check must say)
      "counts the compiled steps that fit into the compile time"),
     ("if saved_s > 0 else math.inf", "if saved_s > 0 else 0", "where it saves nothing it returns 0"),
     ("if saved_s > 0 else math.inf", "if saved_s > 0 else None", "where it saves nothing it returns None"),
-    # the slips 06.2 names too: one list (compile_checks.BREAK_EVEN_SLIPS), each named before the catch-all
+    # the slips 06.2 names too: one list (break_even_checks.BREAK_EVEN_SLIPS), each named before the catch-all
     ("if saved_s > 0 else math.inf", "if saved_s >= 0 else math.inf", "(> 0, not >= 0)"),
     ("return compile_s / saved_s", "return compile_s * 1e3 / saved_s", "1000 times too many steps"),
     ("saved_s = (eager_ms - compiled_ms) / 1e3", "saved_s = (compiled_ms - eager_ms) / 1e3",
@@ -131,22 +132,25 @@ def test_a_wrong_break_even_of_no_known_kind_gets_the_general_feedback(notebook)
 def test_every_break_even_slip_differs_from_the_answer_and_from_the_others():
     """The check's cases separate each listed slip (the one list of 06.2 and 16.3) from the right answer and from
     every other slip, and the catch-all never hides a named slip."""
-    cases = compile_checks.BREAK_EVEN_CASES
+    cases = break_even_checks.BREAK_EVEN_CASES
     outcomes = {}
-    for slip in compile_checks.BREAK_EVEN_SLIPS:
-        got = [compile_checks.outcome(slip.value, case) for case in cases]
-        reference = [compile_checks.break_even_steps(*case) for case in cases]
-        assert not all(map(compile_checks.same_outcome, got, reference)), slip.name
-        assert compile_checks.name_break_even_slip(slip.value) == slip.message
+    for slip in break_even_checks.BREAK_EVEN_SLIPS:
+        got = [break_even_checks.outcome(slip.value, case) for case in cases]
+        reference = [break_even_checks.break_even_steps(*case) for case in cases]
+        assert not all(map(break_even_checks.same_outcome, got, reference)), slip.name
+        assert break_even_checks.name_break_even_slip(slip.value) == slip.message
         outcomes[slip.name] = got
     for a in outcomes:
         for b in outcomes:
-            assert a == b or not all(map(compile_checks.same_outcome, outcomes[a], outcomes[b])), (a, b)
+            assert a == b or not all(map(break_even_checks.same_outcome, outcomes[a], outcomes[b])), (a, b)
 
 
-def test_the_two_break_even_checks_share_one_slip_model():
-    assert not hasattr(compile_mode_checks, "BREAK_EVEN_SLIPS") and not hasattr(compile_mode_checks, "NEVER_PAYS")
-    assert compile_mode_checks.name_break_even_slip is compile_checks.name_break_even_slip
+def test_the_two_break_even_checks_live_in_one_module_and_the_notebooks_modules_import_neither_other():
+    for module in (compile_checks, compile_mode_checks):
+        assert not hasattr(module, "BREAK_EVEN_SLIPS") and not hasattr(module, "name_break_even_slip")
+    assert "import" not in "".join(line for line in inspect.getsource(compile_mode_checks).splitlines()
+                                   if "compile_checks" in line)
+    assert "compile_mode_checks import" not in inspect.getsource(compile_checks)
 
 
 def test_break_even_sentence():

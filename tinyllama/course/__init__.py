@@ -45,11 +45,10 @@ from tinyllama import lazy_exports
 # What notebooks import from this package beyond the names above, and the module that holds each: imported on
 # first use (tinyllama.lazy_exports), so importing the package stays cheap and a module can move with one line here.
 _LAZY: dict[str, str] = {
-    "check_backend_reader": ".compile_checks", "check_break_even": ".compile_checks",
-    "check_operator_fates": ".compile_checks", "describe_break_even": ".compile_checks",
-    "format_duration": ".compile_checks",
-    "check_break_even_steps": ".compile_mode_checks", "check_serving_seconds": ".compile_mode_checks",
-    "check_speedup_predictions": ".compile_mode_checks",
+    "check_break_even": ".break_even_checks", "check_break_even_steps": ".break_even_checks",
+    "check_backend_reader": ".compile_checks", "check_operator_fates": ".compile_checks",
+    "describe_break_even": ".compile_checks", "format_duration": ".compile_checks",
+    "check_serving_seconds": ".compile_mode_checks", "check_speedup_predictions": ".compile_mode_checks",
     "Case": ".diagnosis", "check_cases": ".diagnosis", "check_layout": ".diagnosis",
     "check_communication_formula": ".distributed_checks", "check_state_formula": ".distributed_checks",
     "check_torchrun_command": ".distributed_checks",

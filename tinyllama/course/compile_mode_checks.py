@@ -6,13 +6,8 @@
   seconds cold or warm at each start, plus the batches), on made-up cases and on the measured table,
   and what the mode it chooses costs against the cheapest.
 
-The break-even exercise reuses notebook 16's :func:`~tinyllama.course.compile_checks.check_break_even`.
-
-Notebook 16's break-even exercise (16.3) is checked by :func:`check_break_even_steps`: the same cases as
-:func:`~tinyllama.course.compile_checks.check_break_even`, and a wrong answer compared with each typical
-mistake of :data:`tinyllama.course.compile_checks.BREAK_EVEN_SLIPS` (the one list of both exercises) by
-:func:`~tinyllama.course.compile_checks.name_break_even_slip`, so that the feedback names the one it
-reproduces.
+The break-even exercise (06.2, shared with notebook 16's 16.3) is checked in
+:mod:`tinyllama.course.break_even_checks`.
 """
 
 from __future__ import annotations
@@ -24,16 +19,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from tinyllama.course.checkpoints import checkpoint
-from tinyllama.course.compile_checks import (
-    BREAK_EVEN_CASES,
-    check_break_even,
-    name_break_even_slip,
-    outcome,
-    same_outcome,
-)
 from tinyllama.course.diagnosis import Case, check_cases
 from tinyllama.course.feedback import compare_prediction
-from tinyllama.profiling.compiled import break_even_steps
 
 if TYPE_CHECKING:  # imported where used: importing the inference package breaks Triton's interpreter afterwards
     from inference.compile_modes import Scenario
@@ -134,31 +121,4 @@ def _runner_up(costs: Mapping[str, float], best: str) -> str:
     return f"{second}, {_duration(others[second] - costs[best])} more"
 
 
-# ---- notebook 16, exercise 16.3: the break-even point, with its typical mistakes named ---------------------------
-
-
-def _case_label(case: tuple[float, float, float]) -> str:
-    compile_s, eager_ms, compiled_ms = case
-    return f"compile {compile_s:g} s, eager {eager_ms:g} ms, compiled {compiled_ms:g} ms"
-
-
-def check_break_even_steps(candidate: Callable[[float, float, float], float]) -> bool:
-    """Exercise 16.3: ``candidate(compile_s, eager_ms, compiled_ms)`` gives the steps after which the
-    compile has paid for itself (``math.inf`` when the compiled step is not faster), on the cases of
-    :func:`~tinyllama.course.compile_checks.check_break_even`, which prints the verdict; a wrong answer
-    that reproduces a typical mistake fails with that mistake named, and the cases it gets wrong."""
-    slip = name_break_even_slip(candidate)
-    if slip is None:  # right, or wrong in no typical way: the general check says which cases and why
-        return check_break_even(candidate)
-    wrong = []
-    for case in BREAK_EVEN_CASES:
-        answer, expected = outcome(candidate, case), break_even_steps(*case)
-        if not same_outcome(answer, expected):
-            shown = f"raised {answer.__name__}" if isinstance(answer, type) else f"returned {answer!r}"
-            wrong.append(f"{_case_label(case)}: {shown}, expected {expected:g}")
-    return checkpoint(False, "", f"break_even {slip}.\n  It is wrong on {len(wrong)} of {len(BREAK_EVEN_CASES)} "
-                                 "cases:\n  - " + "\n  - ".join(wrong))
-
-
-__all__ = ["PLAUSIBLE_SPEEDUP", "SERVING_CASES", "check_break_even_steps", "check_serving_seconds",
-           "check_speedup_predictions"]
+__all__ = ["PLAUSIBLE_SPEEDUP", "SERVING_CASES", "check_serving_seconds", "check_speedup_predictions"]
