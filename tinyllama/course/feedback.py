@@ -327,6 +327,8 @@ def name_number_slip(answer: float, slips: Sequence[NumberSlip], arguments: tupl
 
 # ---- kernels: a wrong result recognised, under guards --------------------------------------------------------
 
+# The guards' sentence when the only sign is NaN in the result (rows read from the NaN between a view's rows, or
+# past an end): no load or store was seen past an end, so the kernel can run again on the inputs as they are.
 NAN_ONLY = "elements are NaN where the reference is finite"
 
 
@@ -348,8 +350,8 @@ def _shows(slip: Slip, actual: torch.Tensor, inputs: tuple, expected: torch.Tens
 
 
 def name_kernel_slip(candidate: Callable[..., Any], reference: Callable[..., Any],
-               make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Iterable[tuple[int, ...]], slips: Sequence[Slip],
-               atol: float, rtol: float, seed: int, guard: bool = True, results: list | None = None) -> Slip | None:
+                     make_inputs: Callable[[Shape], Sequence[Any]], shapes: Iterable[Shape], slips: Sequence[Slip],
+                     atol: float, rtol: float, seed: int, guard: bool = True, results: list | None = None) -> Slip | None:
     """The slip whose result ``candidate`` reproduces on the first shape where it is wrong, else ``None``
     (also when it raises or goes past an end of a tensor: the check itself names that). Unguarded, each result
     is appended to ``results`` (the check reuses them instead of running a slow function twice)."""
@@ -386,7 +388,7 @@ def name_kernel_slip(candidate: Callable[..., Any], reference: Callable[..., Any
 
 
 def check_kernel(name: str, candidate: Callable[..., Any], reference: Callable[..., Any],
-                 make_inputs: Callable[[tuple[int, ...]], Sequence[Any]], shapes: Iterable[tuple[int, ...]], slips: Sequence[Slip],
+                 make_inputs: Callable[[Shape], Sequence[Any]], shapes: Iterable[Shape], slips: Sequence[Slip],
                  hint: str, atol: float, rtol: float, seed: int | None = None, guard: bool = True) -> bool:
     """:func:`check_function` (same output when right) whose feedback names the typical mistake a wrong kernel
     reproduces (``slips``: each a :class:`Slip` whose ``function`` computes it in PyTorch, or whose ``matches``

@@ -18,11 +18,17 @@ from typing import Any
 import torch
 
 from tinyllama.course.checkpoints import check_between, checkpoint
-from tinyllama.course.feedback import NumberSlip, Slip, check_kernel, name_number_slip, tensors_close
+from tinyllama.course.feedback import (
+    NumberSlip,
+    Slip,
+    check_kernel,
+    name_number_slip,
+    tensors_close,
+)
 
 Shape = tuple[int, ...]
-# The guards' sentence when the only sign is NaN in the result (rows read from the NaN between a view's rows, or
-# past an end): no load or store was seen past an end, so the kernel can run again on the inputs as they are.
+
+
 # ---- 13.1: the vector add ---------------------------------------------------------------------------------------
 
 ADD_BLOCK = 1024  # the launcher's default block
