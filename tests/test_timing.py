@@ -78,3 +78,42 @@ def test_issue_verdict_calls_a_step_host_bound_only_when_the_device_finishes_rig
     host, late = summarize([10.0, 10.0]), summarize([30.0, 30.0])
     assert LaunchCost(host, summarize([11.0, 11.0]), 1).host_bound
     assert not LaunchCost(host, late, 1).host_bound
+
+
+def test_the_median_interval_is_the_textbook_order_statistics_and_covers_the_median_95_percent_of_the_time():
+    import random
+
+    from tinyllama.timing import median_interval, summarize
+
+    assert median_interval(range(1, 101)) == (40.0, 61.0)  # ranks 40 and 61 of 100, as the tables give
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few samples: their whole range
+    stats = summarize(list(range(1, 101)))
+    assert (stats.median_low, stats.median_high) == (40.0, 61.0)
+    generator = random.Random(0)
+    covered = 0
+    for _ in range(2000):  # skewed samples (timings have a long right tail): true median ln 2
+        low, high = median_interval([generator.expovariate(1.0) for _ in range(100)])
+        covered += low <= 0.6931471805599453 <= high
+    assert 0.93 <= covered / 2000 <= 0.98
+    with pytest.raises(ValueError, match="confidence"):
+        median_interval([1.0, 2.0], confidence=95)
+
+
+def test_verdict_on_medians_needs_the_intervals_apart_and_the_least_gain():
+    import math
+
+    from tinyllama.timing import Band, verdict
+
+    before = Band(64.8, 59.1, 111.1, 63.9, 65.6)  # a launch-bound step: wide single-step band, narrow median interval
+    after = Band(52.1, 49.4, 61.0, 51.6, 52.7)
+    assert verdict(before, after) == (before.median / after.median, "within noise")  # the bands overlap
+    assert verdict(before, after, on="median")[1] == "faster"
+    assert verdict(after, before, on="median")[1] == "slower"
+    assert verdict(before, after, on="median", min_ratio=1.3)[1] == "within noise"  # 1.24x is below the least gain
+    assert verdict(after, before, on="median", min_ratio=1.3)[1] == "within noise"
+    assert verdict(before, Band(52.1, 49.4, 56.9), on="median")[1] == "within noise"  # no interval recorded: NaN
+    assert verdict(before, Band(math.nan, math.nan, math.nan, math.nan, math.nan), on="median")[1] == "within noise"
+    with pytest.raises(ValueError, match="spread"):
+        verdict(before, after, on="p50")
+    with pytest.raises(ValueError, match="at least 1"):
+        verdict(before, after, min_ratio=0.9)

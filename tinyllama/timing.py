@@ -7,6 +7,7 @@ work with a monotonic clock; both after warm-up, repeated, and summarised by med
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -93,6 +94,10 @@ class Stats:
     p10: float
     p90: float
     n: int
+    # The median's 95% confidence interval (:func:`median_interval`): where the median of a rerun of as
+    # many samples would fall. NaN in figures recorded before it was kept.
+    median_low: float = math.nan
+    median_high: float = math.nan
 
     @property
     def spread_pct(self) -> float:
@@ -117,12 +122,36 @@ def quantile(samples: Sequence[float], q: float) -> float:
     return data[low] + (data[high] - data[low]) * (position - low)
 
 
+# The confidence of :func:`median_interval`: 95%, the usual two-sided level.
+MEDIAN_CONFIDENCE = 0.95
+
+
+def median_interval(samples: Sequence[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float]:
+    """The ``confidence`` interval of the median of ``samples``, free of any assumption about their
+    distribution: the order statistics of ranks ``n/2 -+ z sqrt(n)/2`` (the binomial count of samples
+    below the true median, in its normal approximation; for 100 samples the 40th and 61st). It narrows
+    as ``1/sqrt(n)``, unlike the p10-p90 spread of single samples, so it answers "would a rerun give
+    another median?" rather than "how much does one step vary?". Below 6 samples it is their whole range."""
+    data = sorted(float(s) for s in samples)
+    if not data:
+        raise ValueError("no samples to take a median interval of")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie between 0 and 1, got {confidence}")
+    n = len(data)
+    half = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(n) / 2
+    low_rank = max(1, math.floor(n / 2 - half))  # 1-based ranks, as the textbooks state them
+    high_rank = min(n, math.ceil(n / 2 + half + 1))
+    return data[low_rank - 1], data[high_rank - 1]
+
+
 def summarize(samples: Sequence[float]) -> Stats:
-    """Median, mean, standard deviation, extremes and 10th/90th percentiles of ``samples``."""
+    """Median (with its 95% confidence interval), mean, standard deviation, extremes and 10th/90th
+    percentiles of ``samples``."""
     if not samples:
         raise ValueError("no samples to summarize: run at least one timed step")
     data = sorted(float(s) for s in samples)
     n = len(data)
+    median_low, median_high = median_interval(data)
     return Stats(
         median=statistics.median(data),
         mean=statistics.fmean(data),
@@ -132,6 +161,8 @@ def summarize(samples: Sequence[float]) -> Stats:
         p10=quantile(data, 0.10),
         p90=quantile(data, 0.90),
         n=n,
+        median_low=median_low,
+        median_high=median_high,
     )
 
 
@@ -188,20 +219,47 @@ class PhaseTimer:
 
 
 class Band(NamedTuple):
-    """A timing's median and p10-p90 band (what :func:`verdict` reads), for figures kept in a table."""
+    """A timing's median, its p10-p90 band and (where known) its median's 95% confidence interval: what
+    :func:`verdict` reads, for figures kept in a table."""
 
     median: float
     p10: float
     p90: float
+    median_low: float = math.nan
+    median_high: float = math.nan
 
 
-def verdict(before: Stats | Band, after: Stats | Band) -> tuple[float, str]:
+# The least gain the course calls worth a change (``verdict``'s ``min_ratio`` where a decision is taken on
+# it): one configuration timed again later in the same process moves by a few percent on a launch-bound
+# step (notebook 20 prints by how much), so a smaller gain would be kept by one run and not by the next.
+MIN_GAIN = 1.05
+
+
+def verdict(before: Stats | Band, after: Stats | Band, *, on: str = "spread",
+            min_ratio: float = 1.0) -> tuple[float, str]:
     """The one comparison of two timed runs: ``before.median / after.median``, and ``"faster"`` when
-    after's whole p10-p90 band lies below before's, ``"slower"`` when above, else ``"within noise"``."""
+    after's whole band lies below before's, ``"slower"`` when above, else ``"within noise"``.
+
+    ``on="spread"`` compares the p10-p90 bands of single samples: is (nearly) every call faster? That
+    needs a gain larger than the samples' own scatter. ``on="median"`` compares the medians' 95%
+    confidence intervals (:func:`median_interval`): would a rerun find the same order? That is the
+    question for a decision taken on many samples, such as keeping a change. ``min_ratio`` (at least 1)
+    is the gain below which a difference counts as within noise even where the bands part: what the same
+    comparison moves between two runs on one host. A band of NaN (no timing, or no interval recorded) is
+    never faster or slower."""
+    if min_ratio < 1.0:
+        raise ValueError(f"min_ratio is a gain, at least 1, got {min_ratio}")
+    if on == "spread":
+        before_low, before_high, after_low, after_high = before.p10, before.p90, after.p10, after.p90
+    elif on == "median":
+        before_low, before_high = before.median_low, before.median_high
+        after_low, after_high = after.median_low, after.median_high
+    else:
+        raise ValueError(f"on must be 'spread' or 'median', got {on!r}")
     ratio = before.median / after.median
-    if after.p90 < before.p10:
+    if after_high < before_low and ratio >= min_ratio:
         return ratio, "faster"
-    if after.p10 > before.p90:
+    if after_low > before_high and 1 / ratio >= min_ratio:
         return ratio, "slower"
     return ratio, "within noise"
 

@@ -26,6 +26,11 @@ class Ceiling:
     size: int
     time: Stats
 
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The rate's p10-p90 band: the same work over the p90 and the p10 of its timings."""
+        return self.value * self.time.median / self.time.p90, self.value * self.time.median / self.time.p10
+
 
 def measure_matmul_tflops(
     precision: str = "bf16", n: int | None = None, device: torch.device | str | None = None,

@@ -10,7 +10,7 @@ is none, and says which it did.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -35,6 +35,8 @@ class DeviceCeilings:
     roofs: Roofs
     source: str
     recorded: bool
+    # The p10-p90 band of each rate (keys: the precisions and "copy"), where it was measured or recorded.
+    spreads: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def copy_tbs(self) -> float:
@@ -45,10 +47,19 @@ class DeviceCeilings:
         """The measured matmul rate of ``precision``, TFLOP/s."""
         return self.roofs.compute_tflops[precision]
 
+    def ridge_spread(self, precision: str) -> tuple[float, float] | None:
+        """The band of the ridge point of ``precision`` (FLOP/byte) that the two rates' p10-p90 bands allow: the
+        lowest compute rate over the highest bandwidth, the highest over the lowest. None without both bands."""
+        compute, copy = self.spreads.get(precision), self.spreads.get("copy")
+        if compute is None or copy is None:
+            return None
+        return compute[0] / copy[1], compute[1] / copy[0]
 
-def _recorded(device_name: str, profile: Profile, precisions: Sequence[str],
-              directory: str | os.PathLike[str] | None) -> tuple[dict[str, float], float, str] | None:
-    """The newest notebook-00 record of this device and profile with every precision wanted and the copy."""
+
+def _recorded(device_name: str, profile: Profile, precisions: Sequence[str], directory: str | os.PathLike[str] | None
+              ) -> tuple[dict[str, float], float, str, dict[str, tuple[float, float]]] | None:
+    """The newest notebook-00 record of this device and profile with every precision wanted and the copy, with
+    the p10-p90 bands it recorded (keys: the precisions and "copy"; none in records made before it kept them)."""
     for entry in reversed(results.read_records(directory)):
         figures = entry["figures"]
         if entry.get("notebook") != NOTEBOOK_00 or (entry.get("environment") or {}).get("device") != device_name:
@@ -58,7 +69,12 @@ def _recorded(device_name: str, profile: Profile, precisions: Sequence[str],
         rates = {p: figures.get(f"matmul_{p}_tflops") for p in precisions}
         if figures.get("copy_tbs") is None or any(v is None for v in rates.values()):
             continue
-        return {p: float(v) for p, v in rates.items()}, float(figures["copy_tbs"]), str(entry.get("time", ""))
+        recorded = entry.get("spreads") or {}
+        names = {**{p: f"matmul_{p}_tflops" for p in precisions}, "copy": "copy_tbs"}
+        spreads = {key: (float(recorded[name][0]), float(recorded[name][1])) for key, name in names.items()
+                   if name in recorded}
+        return ({p: float(v) for p, v in rates.items()}, float(figures["copy_tbs"]), str(entry.get("time", "")),
+                spreads)
     return None
 
 
@@ -77,7 +93,7 @@ def device_ceilings(device: torch.device | str | None, profile: Profile, precisi
     name = dev.device_name(device)
     found = _recorded(name, profile, precisions, directory)
     if found is not None:
-        rates, copy_tbs, when = found
+        rates, copy_tbs, when, spreads = found
         source, recorded = f"notebook 00 ({when[:16].replace('T', ' ')}, {name})", True
     else:
         earlier = [e for e in results.read_records(directory) if e.get("notebook") == NOTEBOOK_00]
@@ -87,9 +103,12 @@ def device_ceilings(device: torch.device | str | None, profile: Profile, precisi
         if not quiet:
             print(f"{reason}: measuring them now ({profile.matmul_size}^3 matmul, "
                   f"{profile.copy_bytes / 2**20:.0f} MiB copy)")
-        rates = {p: ceilings.measure_matmul_tflops(p, n=profile.matmul_size, device=device, repeat=profile.repeat).value
-                 for p in precisions}
-        copy_tbs = ceilings.measure_copy_tbs(profile.copy_bytes, device=device, repeat=profile.repeat).value
+        measured = {p: ceilings.measure_matmul_tflops(p, n=profile.matmul_size, device=device, repeat=profile.repeat)
+                    for p in precisions}
+        measured["copy"] = ceilings.measure_copy_tbs(profile.copy_bytes, device=device, repeat=profile.repeat)
+        rates = {p: measured[p].value for p in precisions}
+        copy_tbs = measured["copy"].value
+        spreads = {key: ceiling.spread for key, ceiling in measured.items()}
         source, recorded = "measured now (run notebook 00 to record them once)", False
     peaks = dev.device_peaks(device)
     roofs = Roofs(device=name, compute_tflops=rates, bandwidth_tbs=copy_tbs,
@@ -98,4 +117,4 @@ def device_ceilings(device: torch.device | str | None, profile: Profile, precisi
     if not quiet:
         print(f"ceilings of {name}: " + "".join(f"{p} matmul {v:.4g} TFLOP/s, " for p, v in rates.items())
               + f"copy {copy_tbs:.4g} TB/s; from {source}")
-    return DeviceCeilings(roofs, source, recorded)
+    return DeviceCeilings(roofs, source, recorded, spreads)

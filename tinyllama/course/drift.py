@@ -124,6 +124,8 @@ LABELS: tuple[Label, ...] = (
     Label("20_*", "reference_step_ms", "the lab's reference is launch-bound at its small hidden size: host time"),
     Label("20_*", "*speedup*", "speed-ups over the launch-bound reference step"),
     Label("20_*", "final_step_ms", "eager step of the final configuration: small kernels, part host time"),
+    Label("20_*", "baseline_rerun_move_pct", "how far one configuration's median moved between two phases of a run: "
+                                             "the host's drift itself"),
     # 21's steps are eager steps of the medium model on each rank, and a collective waits for the later rank.
     Label("21_*", "step_ms_*", "eager steps of the medium model on each rank: part host (see 17's step_ms_v*)"),
     Label("21_*", "tokens_per_s_*", "from the eager steps (see step_ms_*)"),

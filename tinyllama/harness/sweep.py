@@ -31,7 +31,7 @@ from tinyllama.training import seed_everything
 
 STATUS_OK = "ok"
 STATUS_OOM = "out of memory"
-MEASURED = ("step_ms", "step_ms_p10", "step_ms_p90", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
+MEASURED = ("step_ms", "step_ms_p10", "step_ms_p90", "step_ms_median_low", "step_ms_median_high", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
             "tokens_per_s", "peak_memory_mib", "requested_peak_mib", "reserved_peak_mib", "train_loss", "eval_loss")
 
 
@@ -120,6 +120,7 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
         held_out = validation_batches(corpus, config.seq_len, eval_batch_size, eval_batches)
         row.update({
             "step_ms": result.step_ms.median, "step_ms_p10": result.step_ms.p10, "step_ms_p90": result.step_ms.p90,
+            "step_ms_median_low": result.step_ms.median_low, "step_ms_median_high": result.step_ms.median_high,
             "data_ms": result.data_ms.median if result.data_ms else math.nan,
             "forward_ms": result.forward_ms.median, "backward_ms": result.backward_ms.median,
             "optimizer_ms": result.optimizer_ms.median, "tokens_per_s": result.tokens_per_s,
@@ -190,11 +191,13 @@ def compare_with(table: pd.DataFrame, baseline: pd.Series | dict[str, Any], refe
 
 
 def step_band(row: pd.Series | Mapping[str, Any]) -> Band:
-    """The step time of a sweep row (``step_ms`` and its ``step_ms_p10``/``step_ms_p90``) as the
-    :class:`~tinyllama.timing.Band` that :func:`tinyllama.timing.verdict` compares. A row that ran
-    out of memory gives a band of NaN, which no verdict calls faster or slower."""
-    return Band(float(row["step_ms"]), float(row["step_ms_p10"]), float(row["step_ms_p90"]))
+    """The step time of a sweep row (``step_ms``, its ``step_ms_p10``/``step_ms_p90`` and, where the row
+    has them, its median's confidence interval ``step_ms_median_low``/``_high``) as the
+    :class:`~tinyllama.timing.Band` that :func:`tinyllama.timing.verdict` compares. A row that ran out
+    of memory gives a band of NaN, which no verdict calls faster or slower."""
+    return Band(float(row["step_ms"]), float(row["step_ms_p10"]), float(row["step_ms_p90"]),
+                float(row.get("step_ms_median_low", math.nan)), float(row.get("step_ms_median_high", math.nan)))
 
 
-__all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "compare_with", "evaluate", "run_config", "run_sweep",
-           "step_band"]
+__all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "compare_with", "evaluate", "run_config",
+           "run_sweep", "step_band"]
