@@ -64,3 +64,46 @@ def test_compare_with_measures_against_the_baseline_and_the_reference_loss():
     assert out.loc["base", "estimate_error_pct"] == pytest.approx(-20.0)
     assert out.loc["fast", "loss_change_pct"] == pytest.approx(10.0)
     assert list(out["converged"]) == [True, False, False]
+
+
+def test_side_by_side_timing_gives_every_configuration_its_steps_in_rotating_turns(corpus, monkeypatch):
+    from tinyllama.harness import sweep
+
+    turns: list[str] = []
+    original = sweep.TrainingStep.accumulate
+
+    def logged(self, batches, steps=1, timer=None):
+        turns.append(self.precision)
+        return original(self, batches, steps, timer)
+
+    monkeypatch.setattr(sweep.TrainingStep, "accumulate", logged)
+    a = RunConfig("a", preset="ci", micro_batch=2, seq_len=16, precision="fp32")
+    b = a.but("b", precision="bf16")
+    times = sweep.time_side_by_side([a, b], corpus, rounds=3, steps_per_round=2, warmup_steps=1, progress=False)
+    assert {name: stats.n for name, stats in times.items()} == {"a": 6, "b": 6}
+    # one warm-up step each, then the rounds: a a b b | b b a a | a a b b (the order rotates)
+    assert turns == ["fp32", "bf16"] + ["fp32"] * 2 + ["bf16"] * 4 + ["fp32"] * 4 + ["bf16"] * 2
+    assert all(stats.median_low <= stats.median <= stats.median_high for stats in times.values())
+
+
+def test_a_side_by_side_sweep_takes_its_step_times_from_the_turns_and_leaves_out_what_did_not_fit(corpus, monkeypatch):
+    from tinyllama.harness import sweep
+    from tinyllama.timing import summarize
+
+    asked = []
+
+    def fake(configs, corpus, **options):
+        asked.extend(config.name for config in configs)
+        return {config.name: summarize([10.0 * (i + 1)] * 20) for i, config in enumerate(configs)}
+
+    monkeypatch.setattr(sweep, "time_side_by_side", fake)
+    large = RunConfig("too large", preset="ci", micro_batch=8, seq_len=64)
+    first, second = RunConfig("first", preset="ci", micro_batch=1, seq_len=16), RunConfig("second", preset="ci",
+                                                                                          micro_batch=2, seq_len=16)
+    with pretend_out_of_memory(20 * 2**20):
+        table = run_sweep([large, first, second], corpus, steps=2, warmup_steps=0, progress=False,
+                          side_by_side_rounds=5).set_index("name")
+    assert asked == ["first", "second"]  # the one that ran out of memory is not timed
+    assert table.loc["first", "step_ms"] == 10.0 and table.loc["second", "step_ms"] == 20.0
+    assert table.loc["second", "tokens_per_s"] == pytest.approx(2 * 16 / 0.020)
+    assert table.loc["first", "step_ms_median_low"] == 10.0

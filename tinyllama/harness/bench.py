@@ -219,7 +219,7 @@ def run_benchmark(
             cuda_graph = replays_step(model, device, precision, accumulation_steps=accumulation_steps,
                                       gradient_checkpointing=gradient_checkpointing, warmup_steps=warmup_steps)
         if loader is not None:
-            source = _endless(loader)
+            source = endless(loader)
             first = next(source)
             if tuple(first[0].shape) != (batch_size, seq_len):
                 raise ValueError(f"the loader gives batches of shape {tuple(first[0].shape)}, the run expects "
@@ -271,7 +271,7 @@ def run_benchmark(
     )
 
 
-def _endless(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def endless(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The loader's batches, epoch after epoch (a DataLoader reshuffles at each new pass)."""
     while True:
         empty = True

@@ -23,11 +23,11 @@ from tinyllama import device as dev
 from tinyllama.config import BenchmarkError, autocast_context, check_precision, resolve_config
 from tinyllama.costs.memory_estimate import allocator_peaks, estimate_memory, model_layout
 from tinyllama.data import ByteTokenizer, Corpus, TokenWindows, make_loader, validation_batches
-from tinyllama.harness.bench import run_benchmark
+from tinyllama.harness.bench import endless, run_benchmark
 from tinyllama.harness.cli import progress_bar
 from tinyllama.models import build, lm_loss
-from tinyllama.timing import Band
-from tinyllama.training import seed_everything
+from tinyllama.timing import Band, PhaseTimer, Stats, summarize
+from tinyllama.training import TrainingStep, seed_everything
 
 STATUS_OK = "ok"
 STATUS_OOM = "out of memory"
@@ -152,17 +152,76 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
     return row
 
 
+def time_side_by_side(configs: Sequence[RunConfig], corpus: Corpus, *, rounds: int = 20, steps_per_round: int = 2,
+                      warmup_steps: int = 2, lr: float = 1e-3, seed: int = 0,
+                      device: torch.device | str | None = None, progress: bool = True) -> dict[str, Stats]:
+    """The optimizer-step times of ``configs``, timed in turns: every configuration is built and warmed up,
+    then each of ``rounds`` rounds gives every one ``steps_per_round`` steps, in an order that rotates from
+    round to round. Whatever the host does meanwhile (another process, a clock change, a neighbour's
+    compile) then falls on all of them alike. Timed one after the other instead, a launch-bound step's
+    median moved by up to 26% between phases of one run on an H200 (2026-11-27), and two runs of the lab
+    kept different changes. Every configuration lives on the device at once: run the ones that fit alone
+    (:func:`run_config` says which) through it. Returns each configuration's step times (ms) by name."""
+    if rounds < 1 or steps_per_round < 1:
+        raise ValueError(f"rounds and steps_per_round must be at least 1 (got {rounds}, {steps_per_round})")
+    device = dev.get_device(None if device is None else str(device))
+    tokenizer = ByteTokenizer()
+    runs = []
+    for config in configs:
+        model_config, _, _ = resolve_config(config.preset, config.micro_batch, config.seq_len,
+                                            vocab_size=tokenizer.vocab_size)
+        seed_everything(seed)
+        model = build(config.version, model_config, **config.model_options).to(device).train()
+        model.set_gradient_checkpointing(config.checkpointing)
+        loader = make_loader(TokenWindows(corpus.train, config.seq_len, tokenizer), config.micro_batch,
+                             num_workers=config.num_workers, pin_memory=config.pin_memory,
+                             prefetch_factor=config.prefetch_factor, seed=seed,
+                             persistent_workers=config.num_workers > 0)
+        step = TrainingStep(model, config.precision, device, lr=lr)
+        source = endless(loader)
+        for _ in range(warmup_steps):
+            step.accumulate(source, config.accumulation_steps)
+        runs.append((config, step, source))
+    timer = PhaseTimer(device)
+    samples: dict[str, list[float]] = {config.name: [] for config in configs}
+    for turn in progress_bar(range(rounds), "side by side" if progress else None):
+        for config, step, source in runs[turn % len(runs):] + runs[:turn % len(runs)]:
+            for _ in range(steps_per_round):
+                timer.start()
+                step.accumulate(source, config.accumulation_steps)
+                timer.mark("step")
+                samples[config.name].append(timer.stop()["step"])
+    del runs
+    dev.free_memory(device)
+    return {name: summarize(ms) for name, ms in samples.items()}
+
+
 def run_sweep(configs: Sequence[RunConfig], corpus: Corpus, *, steps: int, warmup_steps: int = 2,
               lr: float = 1e-3, seed: int = 0, device: torch.device | str | None = None, eval_batches: int = 4,
-              eval_batch_size: int = 8, progress: bool = True) -> pd.DataFrame:
+              eval_batch_size: int = 8, progress: bool = True, side_by_side_rounds: int = 0,
+              steps_per_round: int = 2) -> pd.DataFrame:
     """Run every configuration in this process (see :func:`run_config`) and return one row each, in
-    order. Names must be unique (they index the table)."""
+    order. Names must be unique (they index the table).
+
+    With ``side_by_side_rounds`` above 0, the step times of the rows (``step_ms``, its spread and interval,
+    ``tokens_per_s``) come from :func:`time_side_by_side` of the configurations that ran, after their
+    training (which still gives the losses, the memory and the wait for data): the times to compare them by."""
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must be unique: {names}")
     rows = [run_config(config, corpus, steps=steps, warmup_steps=warmup_steps, lr=lr, seed=seed, device=device,
                        eval_batches=eval_batches, eval_batch_size=eval_batch_size)
             for config in progress_bar(configs, "sweep" if progress else None)]
+    ran = [config for config, row in zip(configs, rows) if row["status"] == STATUS_OK]
+    if side_by_side_rounds and len(ran) > 1:
+        times = time_side_by_side(ran, corpus, rounds=side_by_side_rounds, steps_per_round=steps_per_round,
+                                  warmup_steps=warmup_steps, lr=lr, seed=seed, device=device, progress=progress)
+        for config, row in zip(configs, rows):
+            if config.name in times:
+                stats = times[config.name]
+                row.update({"step_ms": stats.median, "step_ms_p10": stats.p10, "step_ms_p90": stats.p90,
+                            "step_ms_median_low": stats.median_low, "step_ms_median_high": stats.median_high,
+                            "tokens_per_s": config.effective_batch * config.seq_len / (stats.median / 1e3)})
     return pd.DataFrame(rows)
 
 
@@ -200,4 +259,4 @@ def step_band(row: pd.Series | Mapping[str, Any]) -> Band:
 
 
 __all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "compare_with", "evaluate", "run_config",
-           "run_sweep", "step_band"]
+           "run_sweep", "step_band", "time_side_by_side"]
