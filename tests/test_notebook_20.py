@@ -118,28 +118,33 @@ def test_a_quarter_fails_though_it_lies_on_the_range():
 
 # Each typical mistake in the keep rule fails the check at its own case (the first one it gets wrong), so
 # the participant reads the hint written for that mistake.
-KEEP_RULE = 'faster = verdict(before, step_band(row), on="median", min_ratio=MIN_GAIN)[1] == "faster"'
+KEEP_RULE = 'faster = verdict(before, step_band(row), on="p10", min_ratio=MIN_GAIN)[1] == "faster"'
+TIE_RULE = 'better = best is None or verdict(step_band(best), step_band(row), on="p10", min_ratio=MIN_GAIN)[1] == "faster"'
 
 
 @pytest.mark.parametrize("mistake, first_failed", [
-    (('[1] == "faster"', '[1] != "slower"'),  # an overlapping interval taken as faster
+    (('[1] == "faster"\n        better', '[1] != "slower"\n        better'),  # an overlapping interval taken as faster
      "a candidate within noise, its median a little above the baseline's"),
     ((KEEP_RULE, 'faster = row["step_ms"] < baseline["step_ms"]'),  # medians compared, intervals ignored
-     "a lower median whose interval overlaps the baseline's"),
-    ((KEEP_RULE, 'faster = verdict(before, step_band(row))[1] == "faster"'),  # single steps' bands: misses clear gains
+     "a lower median whose fast steps are not faster"),
+    (('on="p10", ', ""),  # single steps' bands: misses clear gains
      "a clear gain whose single steps scatter"),
+    (('on="p10"', 'on="median"'),  # the typical step, which follows the host
+     "a typical step that follows the host"),
     ((", min_ratio=MIN_GAIN", ""),  # any gain beyond the intervals kept, however small
      "a gain of 3% whose intervals part"),
     (("verdict(before, step_band(row)", "verdict(step_band(row), before"),  # the baseline second: keeps the slower
      "a candidate faster beyond noise ="),
+    ((TIE_RULE, 'better = best is None or row["step_ms"] < best["step_ms"]'),  # ties broken by the noisy median
+     "two candidates within noise of each other"),
+    ((TIE_RULE, "better = best is None"),  # the first that qualifies, even where a later one beats it
+     "two candidates faster beyond noise, the second beyond the first"),
     (("ran and converged and faster", "ran and faster"),  # the loss tolerance ignored
      "a candidate faster beyond noise whose loss rose 7%"),
     (('abs(row["loss_change_pct"])', 'row["loss_change_pct"]'),  # one-sided: a loss that fell too far kept
      "a candidate faster beyond noise whose loss fell 9%"),
     (("<= 100 * tolerance", "<= tolerance"),  # percent compared with a fraction
      "a candidate faster beyond noise whose loss moved +2%"),
-    (('(best is None or row["step_ms"] < best["step_ms"])', "best is None"),  # the first that qualifies, not the fastest
-     "two candidates faster beyond noise"),
     (("return None if best is None", 'return baseline["name"] if best is None'),  # the baseline's name instead of None
      "only a slower candidate"),
     (("converged and faster and fits and", "converged and faster and"),  # the memory budget ignored
@@ -154,27 +159,28 @@ def test_keep_best_mistakes_fail(notebook, mistake, first_failed):
         _run(notebook, "20.2", mistake)
 
 
-def test_keep_best_decides_on_the_medians_intervals_and_the_least_gain(notebook):
-    """The two runs of 2026-11-27 disagreed on SDPA (1.24x and 1.14x) and seq 384 (1.22x and 1.28x) because the
-    single steps' p10-p90 bands of the launch-bound step were 10-40% wide. A gain like those, with medians' intervals
-    apart, is kept though the single steps' bands overlap; a 3% gain with its interval apart is not; a clear gain over
-    the budget is not."""
+def test_keep_best_decides_on_the_fast_steps_and_the_least_gain(notebook):
+    """Two runs of the lab on one H200 machine (2026-11-27) timed bf16 against fp32 at micro-batch 16 in turns: the
+    medians said 1.18x and 1.00x (the host's issue time and the device's work are close there, and the host's part
+    comes and goes), the p10s 1.29x and 1.23x. Kept on the fast steps, both runs keep bf16; a 3% gain with its
+    interval apart is not kept; a clear gain over the budget is not kept."""
     namespace: dict = {}
     exec(SETUP, namespace)
     notebook.run("20.2", namespace, check=False)
     keep_best, pd, STATUS_OK = namespace["keep_best"], namespace["pd"], namespace["STATUS_OK"]
     columns = ["name", "status", "step_ms", "step_ms_p10", "step_ms_p90", "step_ms_median_low", "step_ms_median_high",
-               "loss_change_pct", "memory_mib"]
+               "step_ms_p10_low", "step_ms_p10_high", "loss_change_pct", "memory_mib"]
 
     def row(*values):
         return pd.Series(dict(zip(columns, values)))
 
-    baseline = row("kept", STATUS_OK, 64.8, 59.1, 111.1, 63.9, 65.6, 0.0, 500.0)
-    sdpa = pd.DataFrame([baseline, row("SDPA", STATUS_OK, 56.9, 49.4, 61.0, 56.2, 57.6, 0.0, 500.0)])  # 1.14x
-    assert keep_best(sdpa, baseline, 0.03, 1000.0) == "SDPA"
-    small = pd.DataFrame([baseline, row("3% faster", STATUS_OK, 62.9, 57.0, 70.0, 62.5, 63.4, 0.0, 500.0)])
-    assert keep_best(small, baseline, 0.03, 1000.0) is None
-    assert keep_best(sdpa.assign(memory_mib=900.0), baseline, 0.03, 800.0) is None  # a clear gain over the budget
+    fp32 = row("kept", STATUS_OK, 55.9, 55.1, 59.0, 55.4, 57.7, 55.0, 55.3, 0.0, 500.0)
+    for bf16_median, bf16_low, bf16_high in ((46.9, 44.0, 50.7), (55.7, 50.5, 58.2)):  # the two runs' medians
+        bf16 = row("bf16", STATUS_OK, bf16_median, 43.5, 62.0, bf16_low, bf16_high, 42.8, 44.9, 0.0, 500.0)
+        assert keep_best(pd.DataFrame([fp32, bf16]), fp32, 0.03, 1000.0) == "bf16"
+    small = row("3% faster", STATUS_OK, 54.0, 53.4, 57.0, 53.5, 54.5, 53.2, 53.6, 0.0, 500.0)
+    assert keep_best(pd.DataFrame([fp32, small]), fp32, 0.03, 1000.0) is None
+    assert keep_best(pd.DataFrame([fp32, bf16]).assign(memory_mib=900.0), fp32, 0.03, 800.0) is None
 
 
 # Each typical mistake in finding the largest micro-batch within the budget fails at its own case.

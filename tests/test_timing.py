@@ -99,6 +99,21 @@ def test_the_median_interval_is_the_textbook_order_statistics_and_covers_the_med
         median_interval([1.0, 2.0], confidence=95)
 
 
+def test_the_p10_interval_covers_the_true_p10_95_percent_of_the_time():
+    import math
+    import random
+
+    from tinyllama.timing import quantile_interval, summarize
+
+    generator = random.Random(1)
+    true_p10 = -math.log(0.9)  # of the exponential distribution with rate 1
+    covered = sum(low <= true_p10 <= high for low, high in (
+        quantile_interval([generator.expovariate(1.0) for _ in range(200)], 0.10) for _ in range(2000)))
+    assert 0.93 <= covered / 2000 <= 0.98
+    stats = summarize(list(range(1, 41)))  # 40 steps, as notebook 20 times each configuration
+    assert stats.p10_low <= stats.p10 <= stats.p10_high and (stats.p10_low, stats.p10_high) == (1.0, 9.0)
+
+
 def test_verdict_on_medians_needs_the_intervals_apart_and_the_least_gain():
     import math
 
@@ -115,5 +130,19 @@ def test_verdict_on_medians_needs_the_intervals_apart_and_the_least_gain():
     assert verdict(before, Band(math.nan, math.nan, math.nan, math.nan, math.nan), on="median")[1] == "within noise"
     with pytest.raises(ValueError, match="spread"):
         verdict(before, after, on="p50")
+
+
+def test_verdict_on_the_fast_steps_reads_the_p10s_and_their_intervals():
+    from tinyllama.timing import Band, verdict
+
+    fp32 = Band(55.9, 55.1, 59.0, 55.4, 57.7, 55.0, 55.3)
+    # A median that followed the host (its interval overlapping fp32's) over fast steps 1.29x faster.
+    bf16 = Band(55.7, 42.8, 62.0, 50.5, 58.2, 42.6, 44.9)
+    assert verdict(fp32, bf16, on="median")[1] == "within noise"
+    ratio, said = verdict(fp32, bf16, on="p10", min_ratio=1.05)
+    assert said == "faster" and ratio == pytest.approx(55.1 / 42.8)
+    assert verdict(bf16, fp32, on="p10", min_ratio=1.05)[1] == "slower"
+    assert verdict(fp32, bf16, on="p10", min_ratio=1.3)[1] == "within noise"
+    assert verdict(fp32, Band(55.7, 42.8, 62.0), on="p10")[1] == "within noise"  # no interval recorded
     with pytest.raises(ValueError, match="at least 1"):
-        verdict(before, after, min_ratio=0.9)
+        verdict(fp32, bf16, min_ratio=0.9)

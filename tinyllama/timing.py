@@ -94,10 +94,12 @@ class Stats:
     p10: float
     p90: float
     n: int
-    # The median's 95% confidence interval (:func:`median_interval`): where the median of a rerun of as
-    # many samples would fall. NaN in figures recorded before it was kept.
+    # The 95% confidence intervals of the median and of the p10 (:func:`quantile_interval`): where the same
+    # quantile of a rerun of as many samples would fall. NaN in figures recorded before they were kept.
     median_low: float = math.nan
     median_high: float = math.nan
+    p10_low: float = math.nan
+    p10_high: float = math.nan
 
     @property
     def spread_pct(self) -> float:
@@ -122,26 +124,33 @@ def quantile(samples: Sequence[float], q: float) -> float:
     return data[low] + (data[high] - data[low]) * (position - low)
 
 
-# The confidence of :func:`median_interval`: 95%, the usual two-sided level.
-MEDIAN_CONFIDENCE = 0.95
+# The confidence of :func:`quantile_interval`: 95%, the usual two-sided level.
+INTERVAL_CONFIDENCE = 0.95
 
 
-def median_interval(samples: Sequence[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float]:
-    """The ``confidence`` interval of the median of ``samples``, free of any assumption about their
-    distribution: the order statistics of ranks ``n/2 -+ z sqrt(n)/2`` (the binomial count of samples
-    below the true median, in its normal approximation; for 100 samples the 40th and 61st). It narrows
-    as ``1/sqrt(n)``, unlike the p10-p90 spread of single samples, so it answers "would a rerun give
-    another median?" rather than "how much does one step vary?". Below 6 samples it is their whole range."""
+def quantile_interval(samples: Sequence[float], q: float = 0.5,
+                      confidence: float = INTERVAL_CONFIDENCE) -> tuple[float, float]:
+    """The ``confidence`` interval of the ``q`` quantile of ``samples`` (the median by default), free of any
+    assumption about their distribution: the order statistics of ranks ``n q -+ z sqrt(n q (1 - q))`` (the
+    binomial count of samples below the true quantile, in its normal approximation; for the median of 100
+    samples the 40th and 61st). It narrows as ``1/sqrt(n)``, unlike the p10-p90 spread of single samples, so
+    it answers "would a rerun give another median (or p10)?" rather than "how much does one step vary?".
+    Where the ranks run past the samples, the interval ends at the smallest or the largest one."""
     data = sorted(float(s) for s in samples)
     if not data:
-        raise ValueError("no samples to take a median interval of")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie between 0 and 1, got {confidence}")
+        raise ValueError("no samples to take a quantile interval of")
+    if not 0.0 < confidence < 1.0 or not 0.0 < q < 1.0:
+        raise ValueError(f"confidence and q must lie between 0 and 1, got {confidence} and {q}")
     n = len(data)
-    half = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(n) / 2
-    low_rank = max(1, math.floor(n / 2 - half))  # 1-based ranks, as the textbooks state them
-    high_rank = min(n, math.ceil(n / 2 + half + 1))
+    half = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(n * q * (1 - q))
+    low_rank = max(1, math.floor(n * q - half))  # 1-based ranks, as the textbooks state them
+    high_rank = min(n, math.ceil(n * q + half + 1))
     return data[low_rank - 1], data[high_rank - 1]
+
+
+def median_interval(samples: Sequence[float], confidence: float = INTERVAL_CONFIDENCE) -> tuple[float, float]:
+    """The ``confidence`` interval of the median of ``samples`` (:func:`quantile_interval` at 0.5)."""
+    return quantile_interval(samples, 0.5, confidence)
 
 
 def summarize(samples: Sequence[float]) -> Stats:
@@ -152,6 +161,7 @@ def summarize(samples: Sequence[float]) -> Stats:
     data = sorted(float(s) for s in samples)
     n = len(data)
     median_low, median_high = median_interval(data)
+    p10_low, p10_high = quantile_interval(data, 0.10)
     return Stats(
         median=statistics.median(data),
         mean=statistics.fmean(data),
@@ -163,6 +173,8 @@ def summarize(samples: Sequence[float]) -> Stats:
         n=n,
         median_low=median_low,
         median_high=median_high,
+        p10_low=p10_low,
+        p10_high=p10_high,
     )
 
 
@@ -219,14 +231,16 @@ class PhaseTimer:
 
 
 class Band(NamedTuple):
-    """A timing's median, its p10-p90 band and (where known) its median's 95% confidence interval: what
-    :func:`verdict` reads, for figures kept in a table."""
+    """A timing's median, its p10-p90 band and (where known) the 95% intervals of its median and of its p10:
+    what :func:`verdict` reads, for figures kept in a table."""
 
     median: float
     p10: float
     p90: float
     median_low: float = math.nan
     median_high: float = math.nan
+    p10_low: float = math.nan
+    p10_high: float = math.nan
 
 
 # The least gain the course calls worth a change (``verdict``'s ``min_ratio`` where a decision is taken on
@@ -242,8 +256,11 @@ def verdict(before: Stats | Band, after: Stats | Band, *, on: str = "spread",
 
     ``on="spread"`` compares the p10-p90 bands of single samples: is (nearly) every call faster? That
     needs a gain larger than the samples' own scatter. ``on="median"`` compares the medians' 95%
-    confidence intervals (:func:`median_interval`): would a rerun find the same order? That is the
-    question for a decision taken on many samples, such as keeping a change. ``min_ratio`` (at least 1)
+    confidence intervals (:func:`quantile_interval`): would a rerun find the same order of the typical
+    calls? ``on="p10"`` compares the intervals of the p10s, the fast calls: where a step's time is the
+    longer of the host's issue time and the device's work, the host's part comes and goes with its load,
+    and the median follows it from run to run, while the fast steps, where the host kept up, show what
+    the configuration itself does; the ratio returned is then that of the p10s. ``min_ratio`` (at least 1)
     is the gain below which a difference counts as within noise even where the bands part: what the same
     comparison moves between two runs on one host. A band of NaN (no timing, or no interval recorded) is
     never faster or slower."""
@@ -254,9 +271,13 @@ def verdict(before: Stats | Band, after: Stats | Band, *, on: str = "spread",
     elif on == "median":
         before_low, before_high = before.median_low, before.median_high
         after_low, after_high = after.median_low, after.median_high
+    elif on == "p10":
+        before_low, before_high = before.p10_low, before.p10_high
+        after_low, after_high = after.p10_low, after.p10_high
     else:
-        raise ValueError(f"on must be 'spread' or 'median', got {on!r}")
-    ratio = before.median / after.median
+        raise ValueError(f"on must be 'spread', 'median' or 'p10', got {on!r}")
+    # The gain is that of the quantile compared (the medians' for the spreads).
+    ratio = before.p10 / after.p10 if on == "p10" else before.median / after.median
     if after_high < before_low and ratio >= min_ratio:
         return ratio, "faster"
     if after_low > before_high and 1 / ratio >= min_ratio:

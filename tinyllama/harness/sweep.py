@@ -31,7 +31,8 @@ from tinyllama.training import TrainingStep, seed_everything
 
 STATUS_OK = "ok"
 STATUS_OOM = "out of memory"
-MEASURED = ("step_ms", "step_ms_p10", "step_ms_p90", "step_ms_median_low", "step_ms_median_high", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
+MEASURED = ("step_ms", "step_ms_p10", "step_ms_p90", "step_ms_median_low", "step_ms_median_high",
+            "step_ms_p10_low", "step_ms_p10_high", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
             "tokens_per_s", "peak_memory_mib", "requested_peak_mib", "reserved_peak_mib", "train_loss", "eval_loss")
 
 
@@ -121,6 +122,7 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
         row.update({
             "step_ms": result.step_ms.median, "step_ms_p10": result.step_ms.p10, "step_ms_p90": result.step_ms.p90,
             "step_ms_median_low": result.step_ms.median_low, "step_ms_median_high": result.step_ms.median_high,
+            "step_ms_p10_low": result.step_ms.p10_low, "step_ms_p10_high": result.step_ms.p10_high,
             "data_ms": result.data_ms.median if result.data_ms else math.nan,
             "forward_ms": result.forward_ms.median, "backward_ms": result.backward_ms.median,
             "optimizer_ms": result.optimizer_ms.median, "tokens_per_s": result.tokens_per_s,
@@ -221,6 +223,7 @@ def run_sweep(configs: Sequence[RunConfig], corpus: Corpus, *, steps: int, warmu
                 stats = times[config.name]
                 row.update({"step_ms": stats.median, "step_ms_p10": stats.p10, "step_ms_p90": stats.p90,
                             "step_ms_median_low": stats.median_low, "step_ms_median_high": stats.median_high,
+                            "step_ms_p10_low": stats.p10_low, "step_ms_p10_high": stats.p10_high,
                             "tokens_per_s": config.effective_batch * config.seq_len / (stats.median / 1e3)})
     return pd.DataFrame(rows)
 
@@ -251,11 +254,15 @@ def compare_with(table: pd.DataFrame, baseline: pd.Series | dict[str, Any], refe
 
 def step_band(row: pd.Series | Mapping[str, Any]) -> Band:
     """The step time of a sweep row (``step_ms``, its ``step_ms_p10``/``step_ms_p90`` and, where the row
-    has them, its median's confidence interval ``step_ms_median_low``/``_high``) as the
-    :class:`~tinyllama.timing.Band` that :func:`tinyllama.timing.verdict` compares. A row that ran out
-    of memory gives a band of NaN, which no verdict calls faster or slower."""
-    return Band(float(row["step_ms"]), float(row["step_ms_p10"]), float(row["step_ms_p90"]),
-                float(row.get("step_ms_median_low", math.nan)), float(row.get("step_ms_median_high", math.nan)))
+    has them, the confidence intervals of its median, ``step_ms_median_low``/``_high``, and of its p10,
+    ``step_ms_p10_low``/``_high``) as the :class:`~tinyllama.timing.Band` that
+    :func:`tinyllama.timing.verdict` compares. A row that ran out of memory gives a band of NaN, which no
+    verdict calls faster or slower."""
+    def get(column: str) -> float:
+        return float(row.get(column, math.nan))
+
+    return Band(get("step_ms"), get("step_ms_p10"), get("step_ms_p90"), get("step_ms_median_low"),
+                get("step_ms_median_high"), get("step_ms_p10_low"), get("step_ms_p10_high"))
 
 
 __all__ = ["RunConfig", "STATUS_OK", "STATUS_OOM", "compare_with", "evaluate", "run_config",
