@@ -244,8 +244,9 @@ class Band(NamedTuple):
 
 
 # The least gain the course calls worth a change (``verdict``'s ``min_ratio`` where a decision is taken on
-# it): one configuration timed again later in the same process moves by a few percent on a launch-bound
-# step (notebook 20 prints by how much), so a smaller gain would be kept by one run and not by the next.
+# it): below 5% a change does not pay for itself. It is no guarantee that two runs agree on a change near
+# it: in two runs of notebook 20 on one H200 machine (2026-11-27, timed in turns), the fast steps' gain of
+# one change differed by up to 8% (bf16 after the shorter sequence: 1.08x and 1.01x).
 MIN_GAIN = 1.05
 
 
