@@ -314,8 +314,9 @@ CHECKLIST: tuple[ChecklistItem, ...] = (
         Pair("21", _distributed("fsdp"), _ratio("tokens_per_s_fsdp", "baseline_tokens_per_s")))),
 )
 
-NOT_KEPT = "not kept by notebook 20 (not faster beyond both runs' spreads, or its loss moved)"
-KEPT = "faster beyond both runs' spreads (kept by notebook 20)"
+NOT_KEPT = ("not kept by notebook 20 (its fast steps not faster beyond noise by 5%, its memory over the budget, "
+            "or its loss moved)")
+KEPT = "its fast steps faster beyond noise (kept by notebook 20)"
 
 
 def measure(pair: Pair, runs: Mapping[str, list[Figures]]) -> tuple[str, float, str] | None:
@@ -501,8 +502,8 @@ PITFALLS: tuple[Pitfall, ...] = (
             _evidence("V4 over V1 fp32 is {0:.3g}x: precision, fusion, kernels and compile together",
                       "speedup_v4_over_v1_fp32", notebook="17")),
     Pitfall("Ranking two changes on a difference a re-run would not reproduce", "20",
-            f"keep a change only when faster beyond both runs' spreads; without spreads, treat differences "
-            f"under {EAGER_VARIATION:.0%} of eager steps as {WITHIN}"),
+            f"time the two in turns and keep a change only when faster beyond noise; without spreads, treat "
+            f"differences under {EAGER_VARIATION:.0%} of eager steps as {WITHIN}"),
     Pitfall("A broken weight initialisation (loss far above ln V at the start)", "15",
             "compare the first loss with ln(vocabulary)",
             _evidence("first loss {0:.4g} against ln V = {1:.3g}", "stage1_first_loss", "expected_initial_loss",
