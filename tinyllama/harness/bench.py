@@ -32,6 +32,7 @@ from tinyllama.config import BenchmarkError, check_precision, resolve_config
 from tinyllama.correctness import CorrectnessError, check_every_parameter_trained
 from tinyllama.costs import flops as model_flops
 from tinyllama.harness.cli import (
+    add_model_arguments,
     add_problem_size_arguments,
     add_run_arguments,
     parse_option,
@@ -45,7 +46,6 @@ from tinyllama.timing import PhaseTimer, Stats, summarize
 # The training step lives in tinyllama.training; these names stay importable from here.
 from tinyllama.training import (
     DATA_PHASES,
-    PHASES,
     GraphedTrainingStep,
     TrainingStep,
     check_cuda_graph,
@@ -323,18 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m tinyllama.harness.bench",
         description="Time TinyLLaMA training steps honestly: correctness check, warm-up, device events.",
     )
-    parser.add_argument("--version", default="v1", help=f"model version ({', '.join(VERSIONS)} ...)")
+    add_model_arguments(parser, VERSIONS)
     add_problem_size_arguments(parser)
     add_run_arguments(parser)
-    parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16 (fp16 uses a gradient scaler)")
     parser.add_argument("--deterministic", action="store_true",
                         help="deterministic algorithms and cuDNN/MIOpen settings (reports what it set)")
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="replay each step from CUDA/HIP graphs after the warm-up (GPU only; not with "
                              "compile_mode reduce-overhead); --no-cuda-graph launches every kernel from Python. "
                              "Default: the version's own setting (V4 replays on a GPU, the others do not)")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a switch of the version, e.g. --option fuse_qkv=0 (repeatable)")
     parser.add_argument("--data", choices=("random", "text"), default="random",
                         help="random tokens (default), or real text: the standard library's source, byte tokens "
                              "(vocabulary 256), through a DataLoader")

@@ -1,6 +1,6 @@
-"""What the TinyLLaMA command lines (``tinyllama.harness.bench``, ``tinyllama.harness.compare``,
-``tinyllama.harness.kernel_bench``) share: the problem-size flags, ``KEY=VALUE`` switches, progress bars and
-messages, and wide pandas tables."""
+"""What the TinyLLaMA command lines (``tinyllama.harness.bench``, ``tinyllama.harness.distributed``,
+``tinyllama.harness.compare``, ``tinyllama.harness.kernel_bench``) share: the problem-size, model and run
+flags, ``KEY=VALUE`` switches, progress bars and messages, and wide pandas tables."""
 
 from __future__ import annotations
 
@@ -23,6 +23,15 @@ def add_problem_size_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-heads", type=int, help="query heads (default: the preset's)")
     parser.add_argument("--num-kv-heads", type=int, help="key/value heads (default: the preset's)")
     parser.add_argument("--intermediate-dim", type=int, help="feed-forward width (default: the preset's)")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, versions: Iterable[str]) -> None:
+    """The model version, its precision and its ``KEY=VALUE`` switches (``--option``), shared by the
+    training harnesses' command lines (``bench``, ``distributed``)."""
+    parser.add_argument("--version", default="v1", help=f"model version ({', '.join(versions)})")
+    parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16 (fp16 uses a gradient scaler)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a switch of the version, e.g. --option sdpa=1 or --option fuse_qkv=0 (repeatable)")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, per: str = "", result: str = "result") -> None:

@@ -62,11 +62,11 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from tinyllama import device as dev
-from tinyllama.config import BenchmarkError, ConfigError, ModelConfig, check_precision, resolve_config
+from tinyllama.config import BenchmarkError, ConfigError, check_precision, resolve_config
 from tinyllama.correctness import CorrectnessError, check_every_parameter_trained
 from tinyllama.harness import process_group
 from tinyllama.harness.bench import _time_steps
-from tinyllama.harness.cli import add_problem_size_arguments, add_run_arguments, parse_option, shape_overrides
+from tinyllama.harness.cli import add_model_arguments, add_problem_size_arguments, add_run_arguments, parse_option, shape_overrides
 from tinyllama.harness.process_group import DistContext
 from tinyllama.models import VERSIONS, build
 from tinyllama.timing import Stats, summarize
@@ -828,11 +828,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "or several, run one after the other in the same processes (default ddp); a variant "
                              "as BASE:key=value,...: ddp:bucket_cap_mb=5, ddp:accumulate=4,no_sync=1, "
                              "fsdp:reshard_after_forward=0 (variants are timed, not profiled)")
-    parser.add_argument("--version", default="v1", help=f"model version ({', '.join(VERSIONS)})")
+    add_model_arguments(parser, VERSIONS)
     add_problem_size_arguments(parser)
-    parser.set_defaults()
     add_run_arguments(parser, result="records, one per rank,")
-    parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16")
     parser.add_argument("--backend", help="nccl (GPUs: NCCL, or RCCL on AMD) or gloo (CPU); default: by device")
     parser.add_argument("--timeout-s", type=float, default=process_group.DEFAULT_TIMEOUT_S,
                         help="seconds any collective may wait for the other ranks "
@@ -848,8 +846,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "(Chrome/Perfetto JSON)")
     parser.add_argument("--save-weights", metavar="PATH", help="rank 0 saves the final weights (whole) to PATH "
                                                                 "(a new name if PATH exists)")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a switch of the version, e.g. --option sdpa=1 (repeatable)")
     parser.add_argument("--fail-rank", type=int, help="this rank raises an error at --fail-step (to see how a "
                                                       "failure ends the run)")
     parser.add_argument("--fail-step", type=int, default=1, help="the step --fail-rank fails at (default 1)")
