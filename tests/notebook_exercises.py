@@ -7,12 +7,18 @@ that a typical wrong answer fails it (under ``WORKSHOP_STRICT=1``, see the ``str
 from __future__ import annotations
 
 import hashlib
+from typing import Sequence, Union
 
 import nbformat
 
+from tinyllama.course.exercise_stop import check_cell
 from tinyllama.course.make_notebooks import exercises
 from tinyllama.course.results import checkout_root
 from tinyllama.course.reveal import run_cell
+
+
+# A planted mistake: one (old, new) pair, several applied in order, or none.
+Replacements = Union[tuple[str, str], Sequence[tuple[str, str]], None]
 
 
 def run_source(source: str, namespace: dict) -> None:
@@ -33,22 +39,26 @@ class SolutionExercises:
         """The exercise ids in notebook order."""
         return sorted(self.found, key=lambda exercise: self.found[exercise][0])
 
-    def source(self, exercise: str, replace: tuple[str, str] | None = None) -> str:
-        """The solution cell of ``exercise``, with ``replace`` = (old, new) applied (old must occur)."""
+    def source(self, exercise: str, replace: Replacements = None) -> str:
+        """The solution cell of ``exercise``, with ``replace`` applied: one (old, new) pair or a sequence of
+        them, in order (each old must occur)."""
         source = self.nb.cells[self.found[exercise][0]].source
-        if replace is not None:
-            assert replace[0] in source, f"the mistake's anchor {replace[0]!r} is not in the solution of {exercise}"
-            source = source.replace(*replace)
+        pairs = [] if replace is None else [replace] if isinstance(replace[0], str) else list(replace)
+        for old, new in pairs:
+            assert old in source, f"the mistake's anchor {old!r} is not in the solution of {exercise}"
+            source = source.replace(old, new)
         return source
 
     def check_source(self, exercise: str) -> str:
-        """The check cell that follows the solution cell of ``exercise``."""
-        return self.nb.cells[self.found[exercise][0] + 1].source
+        """The check cell of ``exercise``, by the course's one rule (``exercise_stop.check_cell``: the first
+        code cell after the solution that reads a name the answer defines)."""
+        index = check_cell(self.nb, self.found, exercise)
+        assert index is not None, f"exercise {exercise} has no check cell of its own"
+        return self.nb.cells[index].source
 
-    def run(self, exercise: str, namespace: dict, replace: tuple[str, str] | None = None,
-            check: bool = True) -> dict:
-        """Execute the solution of ``exercise`` (with ``replace``) and, if ``check``, its check cell, in
-        ``namespace``; return the namespace."""
+    def run(self, exercise: str, namespace: dict, replace: Replacements = None, check: bool = True) -> dict:
+        """Execute the solution of ``exercise`` (with ``replace``, see :meth:`source`) and, if ``check``, its
+        check cell, in ``namespace``; return the namespace."""
         run_source(self.source(exercise, replace), namespace)
         if check:
             run_source(self.check_source(exercise), namespace)

@@ -342,7 +342,7 @@ def test_the_notebook_prints_what_its_answers_rely_on_and_quotes_no_measured_mem
 
 from types import SimpleNamespace  # noqa: E402
 
-from notebook_exercises import SolutionExercises, run_source  # noqa: E402
+from notebook_exercises import SolutionExercises  # noqa: E402
 
 from tinyllama import device as dev  # noqa: E402
 
@@ -353,12 +353,8 @@ def solution():
 
 
 def _run(solution, exercise, namespace, replace=None):
-    """The exercise's cell (with ``replace`` planted), then its check cell: the next code cell (a markdown cell
-    may stand between them)."""
-    run_source(solution.source(exercise, replace), namespace)
-    cells = solution.nb.cells
-    after = next(i for i in range(solution.found[exercise][0] + 1, len(cells)) if cells[i].cell_type == "code")
-    run_source(cells[after].source, namespace)
+    """The exercise's cell (with ``replace`` planted), then its check cell."""
+    solution.run(exercise, namespace, replace)
 
 
 def _run_slip(solution, capsys, exercise, namespace, replace, message, others):

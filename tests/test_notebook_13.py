@@ -274,12 +274,7 @@ def _add_check(solution, replace=None):
     """Exercise 13.1's solution cell (with ``replace``) and its check cell (the next code cell), on DEVICE in fp32."""
     namespace = {"torch": torch, "triton": triton, "tl": tl, "course": course, "device": DEVICE,
                  "DTYPES": {"fp32": torch.float32}, "profile": _CI, "triton_basics_checks": triton_basics_checks}
-    solution.run("13.1", namespace, replace, check=False)
-    index = solution.found["13.1"][0] + 1
-    while solution.nb.cells[index].cell_type != "code":
-        index += 1
-    run_source(solution.nb.cells[index].source, namespace)
-    return namespace
+    return solution.run("13.1", namespace, replace)
 
 
 ADD_UNMASKED = {
@@ -294,18 +289,10 @@ def test_an_unmasked_load_whose_lanes_the_store_drops_is_named(solution, monkeyp
     # The masked store drops the lanes past n, so the result is right: through the interpreter the load is seen
     # as it happens, on a GPU in the compiled kernel's Triton IR. Either way the check fails and names the load.
     monkeypatch.setenv("WORKSHOP_STRICT", "1")
-    source = solution.source("13.1")
-    for old, new in ADD_UNMASKED[loads]:
-        assert old in source
-        source = source.replace(old, new)
     namespace = {"torch": torch, "triton": triton, "tl": tl, "course": course, "device": DEVICE,
                  "DTYPES": {"fp32": torch.float32}, "profile": _CI, "triton_basics_checks": triton_basics_checks}
-    run_source(source, namespace)
-    index = solution.found["13.1"][0] + 1
-    while solution.nb.cells[index].cell_type != "code":
-        index += 1
     with pytest.raises(CheckpointFailed, match=r"read.*past .*end.*is every tl\.load masked") as failed:
-        run_source(solution.nb.cells[index].source, namespace)
+        solution.run("13.1", namespace, ADD_UNMASKED[loads])
     if ON_GPU:
         assert "`x = tl.load(X + offsets)` (line" in str(failed.value)
 
@@ -424,23 +411,11 @@ class _CI_FORWARD(_CI):
     tinyllama_preset = "ci"
 
 
-def _next_code(solution, index):
-    while solution.nb.cells[index].cell_type != "code":
-        index += 1
-    return index
-
-
 def _run_forward(solution, exercise, replacements=(), namespace=None):
     """The solution cell of ``exercise`` with every (old, new) of ``replacements`` applied, then its check cell
-    (the first code cell after it; for 13.2 and 13.3 the cell that checks the kernel)."""
+    (for 13.2 and 13.3 the cell that checks the kernel)."""
     namespace = _forward_namespace() if namespace is None else namespace
-    source = solution.source(exercise)
-    for old, new in replacements:
-        assert old in source, f"{old!r} is not in the solution of {exercise}"
-        source = source.replace(old, new)
-    run_source(source, namespace)
-    run_source(solution.nb.cells[_next_code(solution, solution.found[exercise][0] + 1)].source, namespace)
-    return namespace
+    return solution.run(exercise, namespace, list(replacements) or None)
 
 
 def _slip_messages(slips):
@@ -501,8 +476,7 @@ SWIGLU_SLIPS = [
 @pytest.mark.parametrize("replacements, slip", SWIGLU_SLIPS, ids=[s[1] for s in SWIGLU_SLIPS])
 def test_each_swiglu_slip_fails_with_its_own_message(solution, capsys, replacements, slip):
     namespace = _forward_namespace()
-    run_source(solution.nb.cells[_next_code(solution, solution.found["13.2"][0] + 1)].source.split("verdicts[")[0],
-               namespace)  # TOLERANCE, defined by 13.2's check cell
+    run_source(solution.check_source("13.2").split("verdicts[")[0], namespace)  # TOLERANCE, defined by 13.2's check
     namespace = _run_forward(solution, "13.3", replacements, namespace)
     shown = capsys.readouterr().out
     assert namespace["verdicts"]["swiglu_kernel"] is False and "CHECK: swiglu_kernel (fp32) differs" in shown

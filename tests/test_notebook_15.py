@@ -163,7 +163,7 @@ from collections import OrderedDict  # noqa: E402
 
 import pandas as pd  # noqa: E402
 
-from notebook_exercises import SolutionExercises, run_source  # noqa: E402
+from notebook_exercises import SolutionExercises  # noqa: E402
 from tinyllama import course  # noqa: E402
 from tinyllama.config import make_config  # noqa: E402
 from tinyllama.course import debugging_checks  # noqa: E402
@@ -177,20 +177,8 @@ def solution():
     return SolutionExercises("15_performance_debugging")
 
 
-def _next_code(solution, index):
-    while solution.nb.cells[index].cell_type != "code":
-        index += 1
-    return index
-
-
 def _exercise(solution, exercise, namespace, replacements=()):
-    source = solution.source(exercise)
-    for old, new in replacements:
-        assert old in source, f"{old!r} is not in the solution of {exercise}"
-        source = source.replace(old, new)
-    run_source(source, namespace)
-    run_source(solution.nb.cells[_next_code(solution, solution.found[exercise][0] + 1)].source, namespace)
-    return namespace
+    return solution.run(exercise, namespace, list(replacements) or None)
 
 
 def _only(shown, message, messages):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from tinyllama.course.checkpoints import CheckpointFailed
 
@@ -260,6 +261,14 @@ def _check_cell_index(cells: list, cell: int, exercise_cells: set[int], answer: 
     return code[0]
 
 
+def check_cell(nb: Any, found: dict[str, tuple[int, Any]], exercise: str) -> int | None:
+    """The index of the check cell of ``exercise`` in ``nb`` (see :func:`_check_cell_index`), where ``found``
+    maps the notebook's exercises to their cells as ``make_notebooks.exercises`` gives them."""
+    cell, block = found[exercise]
+    answer = answer_names(nb.cells[cell].source, block.first_line, exercise)
+    return _check_cell_index(nb.cells, cell, {index for index, _ in found.values()}, answer)
+
+
 def check_cells(solutions: Path) -> dict[str, list[CheckCell]]:
     """Normalised source of every exercise's check cell in ``solutions/*.ipynb`` -> where it is and
     which exercises it checks (see :func:`_check_cell_index`)."""
@@ -274,13 +283,11 @@ def check_cells(solutions: Path) -> dict[str, list[CheckCell]]:
         for cell in nb.cells:
             cell.source = "".join(cell.source) if isinstance(cell.source, list) else cell.source
         found = exercises(nb, path.stem)
-        exercise_cells = {cell for cell, _ in found.values()}
         checked: dict[int, list[Answer]] = {}
         for exercise, (cell, block) in sorted(found.items(), key=lambda item: item[1][0]):
-            answer = answer_names(nb.cells[cell].source, block.first_line, exercise)
-            after = _check_cell_index(nb.cells, cell, exercise_cells, answer)
+            after = check_cell(nb, found, exercise)
             if after is not None:
-                checked.setdefault(after, []).append(answer)
+                checked.setdefault(after, []).append(answer_names(nb.cells[cell].source, block.first_line, exercise))
         for cell, answers in checked.items():
             entry = CheckCell(path.name, cell, tuple(answers))
             index.setdefault(_normalise(nb.cells[cell].source), []).append(entry)
