@@ -107,3 +107,20 @@ def test_a_side_by_side_sweep_takes_its_step_times_from_the_turns_and_leaves_out
     assert table.loc["first", "step_ms"] == 10.0 and table.loc["second", "step_ms"] == 20.0
     assert table.loc["second", "tokens_per_s"] == pytest.approx(2 * 16 / 0.020)
     assert table.loc["first", "step_ms_median_low"] == 10.0
+
+
+def test_a_side_by_side_timing_that_runs_out_of_memory_says_so_and_keeps_the_training_times(corpus, monkeypatch,
+                                                                                           capsys):
+    import torch
+
+    from tinyllama.harness import sweep
+
+    def too_large(configs, corpus, **options):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(sweep, "time_side_by_side", too_large)
+    first, second = RunConfig("first", preset="ci", micro_batch=1, seq_len=16), RunConfig("second", preset="ci",
+                                                                                          micro_batch=2, seq_len=16)
+    table = run_sweep([first, second], corpus, steps=3, warmup_steps=0, progress=False, side_by_side_rounds=5)
+    assert "ran out of memory with 2 configurations" in capsys.readouterr().out
+    assert (table["step_ms"] > 0).all() and table["step_ms_p10_low"].notna().all()  # the training pass's times

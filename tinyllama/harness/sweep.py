@@ -24,7 +24,7 @@ from tinyllama.config import BenchmarkError, autocast_context, check_precision, 
 from tinyllama.costs.memory_estimate import allocator_peaks, estimate_memory, model_layout
 from tinyllama.data import ByteTokenizer, Corpus, TokenWindows, make_loader, validation_batches
 from tinyllama.harness.bench import endless, run_benchmark
-from tinyllama.harness.cli import progress_bar
+from tinyllama.harness.cli import progress_bar, say
 from tinyllama.models import build, lm_loss
 from tinyllama.timing import Band, PhaseTimer, Stats, summarize
 from tinyllama.training import TrainingStep, seed_everything
@@ -216,8 +216,17 @@ def run_sweep(configs: Sequence[RunConfig], corpus: Corpus, *, steps: int, warmu
             for config in progress_bar(configs, "sweep" if progress else None)]
     ran = [config for config, row in zip(configs, rows) if row["status"] == STATUS_OK]
     if side_by_side_rounds and len(ran) > 1:
-        times = time_side_by_side(ran, corpus, rounds=side_by_side_rounds, steps_per_round=steps_per_round,
-                                  warmup_steps=warmup_steps, lr=lr, seed=seed, device=device, progress=progress)
+        try:
+            times = time_side_by_side(ran, corpus, rounds=side_by_side_rounds, steps_per_round=steps_per_round,
+                                      warmup_steps=warmup_steps, lr=lr, seed=seed, device=device, progress=progress)
+        except Exception as error:  # noqa: BLE001 - only out-of-memory is reported, the rest re-raised
+            if not dev.is_out_of_memory(error):
+                raise
+            dev.free_memory(dev.get_device(None if device is None else str(device)))
+            say(f"timing in turns ran out of memory with {len(ran)} configurations on the device at once: the step "
+                "times below are those of their training, one after the other, and follow the host's drift "
+                "(compare fewer configurations at a time)")
+            times = {}
         for config, row in zip(configs, rows):
             if config.name in times:
                 stats = times[config.name]
