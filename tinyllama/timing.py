@@ -252,8 +252,9 @@ MIN_GAIN = 1.05
 
 def verdict(before: Stats | Band, after: Stats | Band, *, on: str = "spread",
             min_ratio: float = 1.0) -> tuple[float, str]:
-    """The one comparison of two timed runs: ``before.median / after.median``, and ``"faster"`` when
-    after's whole band lies below before's, ``"slower"`` when above, else ``"within noise"``.
+    """The one comparison of two timed runs: the gain ``before / after`` (of the medians, or of the p10s with
+    ``on="p10"``), and ``"faster"`` when after's whole band lies below before's, ``"slower"`` when above, else
+    ``"within noise"``.
 
     ``on="spread"`` compares the p10-p90 bands of single samples: is (nearly) every call faster? That
     needs a gain larger than the samples' own scatter. ``on="median"`` compares the medians' 95%
@@ -261,10 +262,9 @@ def verdict(before: Stats | Band, after: Stats | Band, *, on: str = "spread",
     calls? ``on="p10"`` compares the intervals of the p10s, the fast calls: where a step's time is the
     longer of the host's issue time and the device's work, the host's part comes and goes with its load,
     and the median follows it from run to run, while the fast steps, where the host kept up, show what
-    the configuration itself does; the ratio returned is then that of the p10s. ``min_ratio`` (at least 1)
-    is the gain below which a difference counts as within noise even where the bands part: what the same
-    comparison moves between two runs on one host. A band of NaN (no timing, or no interval recorded) is
-    never faster or slower."""
+    the configuration itself does. ``min_ratio`` (at least 1) is the gain below which a difference counts as
+    within noise even where the bands part (:data:`MIN_GAIN` where a change is kept or rejected on it). A band
+    of NaN (no timing, or no interval recorded) is never faster or slower."""
     if min_ratio < 1.0:
         raise ValueError(f"min_ratio is a gain, at least 1, got {min_ratio}")
     if on == "spread":

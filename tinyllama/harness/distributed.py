@@ -66,7 +66,13 @@ from tinyllama.config import BenchmarkError, ConfigError, check_precision, resol
 from tinyllama.correctness import CorrectnessError, check_every_parameter_trained
 from tinyllama.harness import process_group
 from tinyllama.harness.bench import _time_steps
-from tinyllama.harness.cli import add_model_arguments, add_problem_size_arguments, add_run_arguments, parse_option, shape_overrides
+from tinyllama.harness.cli import (
+    add_model_arguments,
+    add_problem_size_arguments,
+    add_run_arguments,
+    parse_option,
+    shape_overrides,
+)
 from tinyllama.harness.process_group import DistContext
 from tinyllama.models import VERSIONS, build
 from tinyllama.timing import Stats, summarize
