@@ -154,6 +154,7 @@ def test_model_state_formula():
     (["--backend", "nccl", "--device", "cpu"], "nccl back end (NCCL/RCCL) connects GPUs"),
     (["--strategy", "zero3"], "unknown strategy 'zero3'"),
     (["--fail-rank", "5"], "--fail-rank must be between 0 and 1"),
+    (["--turns", "-1"], "--turns must be 0 (off) or a number of rounds"),
 ])
 def test_bad_settings_stop_the_rank_before_it_waits_for_the_others(flags, message, monkeypatch, capsys):
     _rank_env(1, 2, _free_port())  # a rank of 2 whose partner never comes: joining would wait
@@ -213,21 +214,42 @@ def test_every_rank_is_reported_with_the_global_figures_and_the_scaling_efficien
 
 
 def test_every_strategy_is_timed_before_any_is_profiled(tmp_path):
-    """Two strategies in one launch: both timed, then both profiled (a profiler session before the second's
-    timing would slow it, and the timers refuse to time after one)."""
+    """Two strategies in one launch: both trained, then timed in turns, then both profiled (a profiler session
+    before the second's timing would slow it, and the timers refuse to time after one)."""
     if not fsdp_available():
         pytest.skip(f"PyTorch {torch.__version__} has no FSDP2 (fully_shard)")
 
     def target(rank: int, folder: Path) -> int:
         return main(["--preset", "ci", "--batch-size", "4", "--num-steps", "2", "--warmup-steps", "1", "--quiet",
-                     "--device", "cpu", "--profiled-steps", "1", "--strategy", "ddp", "fsdp",
+                     "--device", "cpu", "--profiled-steps", "1", "--strategy", "ddp", "fsdp", "--turns", "3",
                      "--json", str(folder / "runs.json")])
 
     assert _run_ranks(target, tmp_path) == [0, 0], [(tmp_path / f"rank{r}.err").read_text()[-2000:] for r in range(2)]
     records = json.loads((tmp_path / "runs.json").read_text())
     assert sorted((r["strategy"], r["rank"]) for r in records) == [("ddp", 0), ("ddp", 1), ("fsdp", 0), ("fsdp", 1)]
     assert all(0 < r["communication_ms"] <= r["profiled_step_ms"] for r in records)
-    assert all(r["step_ms_median"] > 0 for r in records)
+    # the step times are the turns' (3 rounds of 2 steps), not the 2 training steps', on every rank
+    assert all(r["timed_in_turns"] and r["step_ms_n"] == 6 and r["step_ms_median"] > 0 for r in records)
+    assert all(r["slowest_step_ms"] == max(o["step_ms_median"] for o in records if o["strategy"] == r["strategy"])
+               for r in records)
+    assert all(len(r["losses"]) == 3 for r in records)  # the losses stay those of the training (1 + 2 steps)
+
+
+def test_runs_that_do_not_fit_side_by_side_keep_their_training_times(monkeypatch):
+    from types import SimpleNamespace
+
+    from tinyllama.harness import distributed
+
+    def run(at_rest: float, peak: float) -> SimpleNamespace:
+        return SimpleNamespace(ranks=[SimpleNamespace(allocated_at_rest_mib=at_rest, peak_memory_mib=peak)] * 2)
+
+    runs = [run(30_000, 40_000), run(25_000, 31_000)]  # 55 GiB at rest, the larger rise 10 GiB
+    for total_gib, fits in ((80, True), (70, False)):  # 90% of 70 GiB is 63 GiB < 65 GiB
+        monkeypatch.setattr(distributed.dev, "memory_stats",
+                            lambda device, total=total_gib: SimpleNamespace(total_bytes=total * 2**30))
+        assert distributed.fits_side_by_side(runs, torch.device("cpu")) is fits
+    monkeypatch.setattr(distributed.dev, "memory_stats", lambda device: SimpleNamespace(total_bytes=None))
+    assert distributed.fits_side_by_side(runs, torch.device("cpu"))  # the CPU keeps no total: host memory
 
 
 def test_torchrun_stops_every_rank_when_one_fails(tmp_path):
@@ -593,7 +615,7 @@ def test_variants_count_their_all_reduces_and_no_sync_keeps_the_loss_curve(tmp_p
         return main(["--preset", "ci", "--batch-size", "4", "--num-steps", "2", "--warmup-steps", "1", "--quiet",
                      "--device", "cpu", "--profiled-steps", "1", "--time-all-reduce", "--json", str(folder / "runs.json"),
                      "--strategy", "ddp", "ddp:bucket_cap_mb=0.05", "ddp:accumulate=2", "ddp:accumulate=2,no_sync=1",
-                     "zero1"])
+                     "zero1", "--turns", "0"])
 
     assert _run_ranks(target, tmp_path) == [0, 0], [(tmp_path / f"rank{r}.err").read_text()[-2000:] for r in range(2)]
     runs = {r["strategy"]: r for r in json.loads((tmp_path / "runs.json").read_text()) if r["rank"] == 0}
@@ -609,3 +631,5 @@ def test_variants_count_their_all_reduces_and_no_sync_keeps_the_loss_curve(tmp_p
     assert all(r["all_reduce_ms"] > 0 and r["all_reduce_bytes"] == 4 * r["num_parameters"] for r in runs.values())
     # variants are timed, not profiled
     assert runs["ddp"]["communication_ms"] > 0 and runs["zero1"]["communication_ms"] is None
+    # --turns 0: each run's step times are its own 2 training steps
+    assert all(not r["timed_in_turns"] and r["step_ms_n"] == 2 for r in runs.values())

@@ -132,7 +132,7 @@ TIE_RULE = 'better = best is None or verdict(step_band(best), step_band(row), on
     (('on="p10"', 'on="median"'),  # the typical step, which follows the host
      "a typical step that follows the host"),
     ((", min_ratio=MIN_GAIN", ""),  # any gain beyond the intervals kept, however small
-     "a gain of 3% whose intervals part"),
+     "a gain of 7% whose intervals part"),
     (("verdict(before, step_band(row)", "verdict(step_band(row), before"),  # the baseline second: keeps the slower
      "a candidate faster beyond noise ="),
     ((TIE_RULE, 'better = best is None or row["step_ms"] < best["step_ms"]'),  # ties broken by the noisy median
@@ -162,8 +162,9 @@ def test_keep_best_mistakes_fail(notebook, mistake, first_failed):
 def test_keep_best_decides_on_the_fast_steps_and_the_least_gain(notebook):
     """Two runs of the lab on one H200 machine (2026-11-27) timed bf16 against fp32 at micro-batch 16 in turns: the
     medians said 1.18x and 1.00x (the host's issue time and the device's work are close there, and the host's part
-    comes and goes), the p10s 1.29x and 1.23x. Kept on the fast steps, both runs keep bf16; a 3% gain with its
-    interval apart is not kept; a clear gain over the budget is not kept."""
+    comes and goes), the p10s 1.29x and 1.23x. Kept on the fast steps, both runs keep bf16. Later in the same runs
+    bf16 gained 1.08x and 1.01x (intervals apart in the first): below the least gain, neither run keeps it. A
+    clear gain over the budget is not kept."""
     namespace: dict = {}
     exec(SETUP, namespace)
     notebook.run("20.2", namespace, check=False)
@@ -178,7 +179,7 @@ def test_keep_best_decides_on_the_fast_steps_and_the_least_gain(notebook):
     for bf16_median, bf16_low, bf16_high in ((46.9, 44.0, 50.7), (55.7, 50.5, 58.2)):  # the two runs' medians
         bf16 = row("bf16", STATUS_OK, bf16_median, 43.5, 62.0, bf16_low, bf16_high, 42.8, 44.9, 0.0, 500.0)
         assert keep_best(pd.DataFrame([fp32, bf16]), fp32, 0.03, 1000.0) == "bf16"
-    small = row("3% faster", STATUS_OK, 54.0, 53.4, 57.0, 53.5, 54.5, 53.2, 53.6, 0.0, 500.0)
+    small = row("8% faster", STATUS_OK, 52.0, 50.9, 55.0, 51.5, 52.5, 50.7, 51.1, 0.0, 500.0)
     assert keep_best(pd.DataFrame([fp32, small]), fp32, 0.03, 1000.0) is None
     assert keep_best(pd.DataFrame([fp32, bf16]).assign(memory_mib=900.0), fp32, 0.03, 800.0) is None
 

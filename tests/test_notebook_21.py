@@ -127,6 +127,19 @@ def test_the_reference_trains_like_ddp_on_gloo(verdicts, exercise):
     assert "trains like DDP" in verdict.message
 
 
+def test_the_timing_job_times_ddp_and_both_answers_in_turns_on_the_same_batches():
+    """The GPU timing's rank side, run on two gloo processes: every run gets its warm-up and its timed steps,
+    and (in fp32, one pass each over the same batches) both references end at DDP's weights."""
+    shipped = {"naive": {**hand_ddp.ship(_candidate("21.4")[1]), "kind": "step"},
+               "overlapped": {**hand_ddp.ship(_candidate("21.5")[1]), "kind": "overlap"}}
+    result = hand_ddp.launch(hand_ddp._job("time", shipped, steps=4, warmup=1), timeout_s=240)
+    assert all(report is not None for report in result.reports), result.outputs
+    for report in result.reports:
+        assert {label: len(values["ms"]) for label, values in report.items()} == {"ddp": 4, "naive": 4,
+                                                                                   "overlapped": 4}
+        assert report["naive"]["weights_differ"] < 1e-3 and report["overlapped"]["weights_differ"] < 1e-3
+
+
 @pytest.mark.parametrize("slip", sorted(hand_ddp.SLIPS))
 def test_each_slip_fails_with_its_own_message(verdicts, slip):
     verdict = verdicts[slip]

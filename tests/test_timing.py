@@ -146,3 +146,20 @@ def test_verdict_on_the_fast_steps_reads_the_p10s_and_their_intervals():
     assert verdict(fp32, Band(55.7, 42.8, 62.0), on="p10")[1] == "within noise"  # no interval recorded
     with pytest.raises(ValueError, match="at least 1"):
         verdict(fp32, bf16, min_ratio=0.9)
+
+
+def test_time_in_turns_warms_each_up_then_rotates_the_order_every_round():
+    order: list[str] = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    samples = timing.time_in_turns(calls, "cpu", rounds=4, per_turn=2, warmup=1)
+    assert {name: len(ms) for name, ms in samples.items()} == {"a": 8, "b": 8, "c": 8}
+    assert all(ms >= 0 for values in samples.values() for ms in values)
+    rounds = ["aabbcc", "bbccaa", "ccaabb", "aabbcc"]  # each round starts one further along
+    assert "".join(order) == "abc" + "".join(rounds)
+
+
+def test_time_in_turns_refuses_what_it_cannot_time():
+    with pytest.raises(ValueError, match="at least 1"):
+        timing.time_in_turns({"a": lambda: None}, "cpu", rounds=0)
+    with pytest.raises(ValueError, match="nothing to time"):
+        timing.time_in_turns({}, "cpu")

@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import torch
 import torch.autograd.profiler as _autograd_profiler
@@ -244,10 +244,11 @@ class Band(NamedTuple):
 
 
 # The least gain the course calls worth a change (``verdict``'s ``min_ratio`` where a decision is taken on
-# it): below 5% a change does not pay for itself. It is no guarantee that two runs agree on a change near
-# it: in two runs of notebook 20 on one H200 machine (2026-11-27, timed in turns), the fast steps' gain of
-# one change differed by up to 8% (bf16 after the shorter sequence: 1.08x and 1.01x).
-MIN_GAIN = 1.05
+# it). It is set beyond what two runs of one machine disagree by: in two runs of notebook 20 on one H200
+# machine (2026-11-27, timed in turns), the fast steps' gain of one change differed by up to 8% (bf16 after
+# the shorter sequence: 1.08x and 1.01x), so a least gain of 5% let one run keep that change and the other
+# not, and every later phase of the two runs differed.
+MIN_GAIN = 1.10
 
 
 def verdict(before: Stats | Band, after: Stats | Band, *, on: str = "spread",
@@ -339,6 +340,41 @@ def time_samples(fn: Callable[[], object], device: torch.device | str | None = N
         samples.append(timer.stop()["calls"] / inner)
         if len(samples) >= 10_000:
             break
+    return samples
+
+
+def time_in_turns(calls: Mapping[str, Callable[[], object]], device: torch.device | str | None = None, *,
+                  rounds: int = 20, per_turn: int = 2, warmup: int = 2,
+                  progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> dict[str, list[float]]:
+    """Milliseconds of each call of every function in ``calls``, timed in turns: ``warmup`` untimed calls of
+    each, then ``rounds`` rounds in which each function makes ``per_turn`` timed calls (one sample a call,
+    from an idle device), in an order that rotates from round to round.
+
+    This is how the course compares settings that it cannot time in two processes at once: whatever the
+    host does meanwhile (another process, a clock change, a neighbour's compile) falls on all of them alike.
+    Timed one after the other instead, a launch-bound training step's median moved by up to 26% between
+    two settings' turns on an H200 (notebook 20, 2026-11-27), and two runs reached opposite verdicts. The
+    order is the same in every process, so ranks of a process group that call this with the same names
+    run their collectives in step. ``progress`` wraps the rounds (a progress bar)."""
+    if rounds < 1 or per_turn < 1 or warmup < 0:
+        raise ValueError(f"rounds and per_turn must be at least 1 and warmup at least 0 "
+                         f"(got {rounds}, {per_turn}, {warmup})")
+    if not calls:
+        raise ValueError("nothing to time: give at least one function")
+    device = torch.device(device) if device is not None else dev.get_device()
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+    timer = PhaseTimer(device)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for turn in (progress or (lambda rounds: rounds))(range(rounds)):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            for _ in range(per_turn):
+                timer.start()
+                calls[name]()
+                timer.mark("call")
+                samples[name].append(timer.stop()["call"])
     return samples
 
 

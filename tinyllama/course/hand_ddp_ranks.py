@@ -10,8 +10,8 @@ A job (a ``torch.save``'d dict) carries the participant's functions as source te
   Every ``dist.all_reduce`` a candidate calls is recorded (on what tensor, in which phase of the step,
   synchronous or not, waited for or not), the gradients are copied just before each optimizer step,
   and the final weights kept, so that the notebook's side can name the mistake, not only see it;
-- ``mode="time"`` (GPUs): DDP, the naive step and the overlapped one, each timed per step with device
-  events after a warm-up, and their final weights.
+- ``mode="time"`` (GPUs): DDP, the naive step and the overlapped one, timed in turns (one step each, the
+  order rotating) with device events after a warm-up, and their final weights.
 
 Each rank writes ``rank{R}.pt`` into the job's folder; an exception of the participant's code is caught
 and reported there, so that the notebook shows it as feedback rather than as a dead process.
@@ -20,7 +20,6 @@ and reported there, so that the notebook shows it as feedback rather than as a d
 from __future__ import annotations
 
 import sys
-import time
 import traceback
 from datetime import timedelta
 from functools import partial
@@ -35,6 +34,7 @@ from tinyllama.config import autocast_context, resolve_config
 from tinyllama.harness import process_group
 from tinyllama.harness.distributed import SyntheticTokens, rank_loader
 from tinyllama.models import build, lm_loss
+from tinyllama.timing import time_in_turns
 
 ORIGINAL_ALL_REDUCE = dist.all_reduce
 ORIGINAL_BACKWARD = torch.Tensor.backward
@@ -310,27 +310,6 @@ def run_check(job: dict[str, Any], device: torch.device) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _timed(step: Callable[[torch.Tensor, torch.Tensor], Any], batches: list, warmup: int,
-           device: torch.device) -> list[float]:
-    """Milliseconds of each step after ``warmup`` steps: device events on a GPU, a clock on the CPU."""
-    samples = []
-    for index, (x, y) in enumerate(batches):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step(x, y)
-            end.record()
-            end.synchronize()
-            elapsed = start.elapsed_time(end)
-        else:
-            began = time.perf_counter()
-            step(x, y)
-            elapsed = (time.perf_counter() - began) * 1e3
-        if index >= warmup:
-            samples.append(elapsed)
-    return samples
-
-
 def _largest_difference(model: nn.Module, reference: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> float:
     """The largest difference of ``model``'s weights from ``reference``'s, as a share of the largest change the
     reference made to any weight (its training steps): 0 is the same weights; 1, as far off as a whole update."""
@@ -340,46 +319,49 @@ def _largest_difference(model: nn.Module, reference: dict[str, torch.Tensor], in
 
 
 def run_timing(job: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """DDP first, then each candidate, from the same weights on the same batches: milliseconds per step
-    after the warm-up, and how far each candidate's final weights are from DDP's (kept on the device)."""
+    """DDP and each candidate, from the same weights, each on its own pass over the same batches, timed in
+    turns (:func:`tinyllama.timing.time_in_turns`, one step a turn, the order rotating): milliseconds per
+    step after the warm-up, and how far each candidate's final weights are from DDP's (kept on the device)."""
     batches = _batches(job, device)
-    precision, out = job["precision"], {}
-    initial: dict[str, torch.Tensor] = {}
-    reference: dict[str, torch.Tensor] = {}
+    precision = job["precision"]
+    steps: dict[str, Callable[[], Any]] = {}
+    models: dict[str, nn.Module] = {}
     for label, shipped in [("ddp", None), *job["candidates"].items()]:
         model = _model(job, device)
         optimizer = _optimizer(model, job)
+        cursor = iter(batches)  # warm-up and timed steps: each run takes every batch once, in order
         if shipped is None:
             initial = {n: p.detach().clone() for n, p in model.named_parameters()}
             wrapped = _ddp(model, device)
 
-            def step(x: torch.Tensor, y: torch.Tensor, wrapped: nn.Module = wrapped) -> None:
+            def step(x: torch.Tensor, y: torch.Tensor, wrapped: nn.Module = wrapped, optimizer: Any = optimizer) -> None:
                 _reference_step(wrapped, optimizer, x, y, precision)
         elif shipped["kind"] == "step":
             function = load_candidate(shipped)
 
-            def step(x: torch.Tensor, y: torch.Tensor, function: Any = function) -> None:
+            def step(x: torch.Tensor, y: torch.Tensor, function: Any = function, model: nn.Module = model,
+                     optimizer: Any = optimizer) -> None:
                 with autocast_context(precision, device):
                     function(model, optimizer, x, y)
         else:
             finish = load_candidate(shipped)(model)
 
-            def step(x: torch.Tensor, y: torch.Tensor, finish: Any = finish) -> None:
+            def step(x: torch.Tensor, y: torch.Tensor, finish: Any = finish, model: nn.Module = model,
+                     optimizer: Any = optimizer) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 with autocast_context(precision, device):
                     loss = lm_loss(model(x), y)
                 loss.backward()
                 finish()
                 optimizer.step()
-        dist.barrier()
-        out[label] = {"ms": _timed(step, batches, job["warmup"], device)}
-        if shipped is None:
-            reference = {n: p.detach().clone() for n, p in model.named_parameters()}
-        else:
-            out[label]["weights_differ"] = _largest_difference(model, reference, initial)
-        del model, optimizer, step
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        steps[label] = lambda step=step, cursor=cursor: step(*next(cursor))
+        models[label] = model
+    dist.barrier()
+    samples = time_in_turns(steps, device, rounds=job["steps"], per_turn=1, warmup=job["warmup"])
+    reference = {n: p.detach() for n, p in models["ddp"].named_parameters()}
+    out: dict[str, Any] = {label: {"ms": ms} for label, ms in samples.items()}
+    for label in job["candidates"]:
+        out[label]["weights_differ"] = _largest_difference(models[label], reference, initial)
     return out
 
 

@@ -29,7 +29,8 @@ A strategy takes variants after a colon, ``BASE:key=value,key=value`` (:func:`pa
 ``zero1``; ``reshard_after_forward`` (0: FSDP2 keeps each block's gathered weights from its forward to
 its backward, like ZeRO stage 2; 1, the default: frees them, stage 3) for ``fsdp``. A variant also
 counts DDP's bucket all-reduces (a communication hook that calls the default one). Variants are timed,
-not profiled.
+not profiled. Several strategies in one launch are trained one after the other (losses, memory), then
+timed again in turns (``--turns``, :func:`time_in_turns`): those are the step times they are compared by.
 
 Each rank measures what ``tinyllama.harness.bench`` measures on one GPU (step time and its phases, tokens/s,
 memory), after a correctness check and warm-up; rank 0 gathers every rank's figures and adds the
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import itertools
 import signal
 import sys
 from dataclasses import asdict, dataclass, field
@@ -71,6 +73,8 @@ from tinyllama.harness.cli import (
     add_problem_size_arguments,
     add_run_arguments,
     parse_option,
+    progress_bar,
+    say,
     shape_overrides,
 )
 from tinyllama.harness.process_group import DistContext
@@ -432,6 +436,7 @@ class DistributedResult:
     baseline_tokens_per_s: float | None = None
     communication_problems: list[str] = field(default_factory=list)  # check_physical's findings, if any
     accumulation_steps: int = 1  # micro-batches (of local_batch_size each) per optimizer step
+    timed_in_turns: bool = False  # step times from time_in_turns (with the launch's other runs), not its training
     # A plain all-reduce of the gradients' bytes (fp32) in the same process group (--time-all-reduce):
     all_reduce_bytes: int | None = None
     all_reduce_ms: float | None = None
@@ -497,7 +502,8 @@ class DistributedResult:
                          "rank), wait = skew (this rank arrived early)")
         for problem in self.communication_problems:
             lines.append(f"  IMPOSSIBLE communication figure, not to be trusted: {problem}")
-        lines.append(f"  global: {self.tokens_per_s:,.0f} tokens/s (slowest rank {self.slowest_step_ms:.2f} ms/step), "
+        lines.append(f"  global: {self.tokens_per_s:,.0f} tokens/s (slowest rank {self.slowest_step_ms:.2f} ms/step"
+                     f"{', timed in turns with the other runs' if self.timed_in_turns else ''}), "
                      f"loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}")
         counts = [r.bucket_all_reduces_per_step for r in self.ranks if r.bucket_all_reduces_per_step is not None]
         if counts:
@@ -709,6 +715,58 @@ def profile_communication(result: DistributedResult, *, batch_size: int | None =
     return result
 
 
+def fits_side_by_side(results: Sequence[DistributedResult], device: torch.device) -> bool:
+    """Whether every run of ``results`` fits on ``device`` at once, for :func:`time_in_turns`: their
+    memory between steps added up, plus the largest rise within a step, under 90% of the device's memory
+    (from the ranks' own figures, the same on every rank: every rank decides alike). Always on the CPU."""
+    total = dev.memory_stats(device).total_bytes
+    rests = [max((r.allocated_at_rest_mib or 0.0) for r in result.ranks) for result in results]
+    rises = [max((r.peak_memory_mib or 0.0) - (r.allocated_at_rest_mib or 0.0) for r in result.ranks)
+             for result in results]
+    return total is None or (sum(rests) + max(rises, default=0.0)) * 2**20 < 0.9 * total
+
+
+def time_in_turns(results: Sequence[DistributedResult], *, rounds: int = 10, per_turn: int = 2, seed: int = 0,
+                  device: torch.device | str | None = None, dataset: Dataset | None = None,
+                  model_options: dict[str, Any] | None = None, progress: bool = True,
+                  **config_overrides: Any) -> None:
+    """Time the runs of ``results`` again, in turns, and put those times in their step figures (in place):
+    every run is built afresh on every rank and warmed up, then each of ``rounds`` rounds gives each run
+    ``per_turn`` optimizer steps, in an order that rotates from round to round
+    (:func:`tinyllama.timing.time_in_turns`). Whatever the host does meanwhile falls on every run alike.
+    Timed one after the other, the same variants' verdicts flipped between two runs on two H200s
+    (2026-11-27). The first training of each run still gives its losses, memory and phases. Every rank
+    calls it with the same runs."""
+    from tinyllama.timing import time_in_turns as time_calls
+
+    ctx = process_group.current()
+    calls = {}
+    for result in results:
+        steps = min(8, result.warmup_steps + rounds * per_turn) * result.accumulation_steps
+        run = _Run.build(result.strategy if dist.is_initialized() else "ddp", result.version, result.preset,
+                         result.global_batch_size, result.seq_len, result.precision, seed, device, dataset, False,
+                         steps, model_options, config_overrides)
+        source = itertools.cycle(run.batches)
+        calls[str(len(calls))] = (lambda step=run.step, source=source, n=result.accumulation_steps:
+                                  step.accumulate(source, n))
+        device = run.device
+    samples = time_calls(calls, device, rounds=rounds, per_turn=per_turn,
+                         warmup=max(result.warmup_steps for result in results),
+                         progress=(lambda r: progress_bar(r, "in turns")) if progress and ctx.is_main else None)
+    del calls
+    dev.free_memory(device)
+    every_rank = process_group.gather(samples, ctx)
+    for index, result in enumerate(results):
+        for rank, rank_samples in zip(result.ranks, every_rank):
+            rank.step_ms = summarize(rank_samples[str(index)])
+            rank.tokens_per_s = result.accumulation_steps * result.local_batch_size * result.seq_len / (
+                rank.step_ms.median / 1e3)
+        result.slowest_step_ms = max(r.step_ms.median for r in result.ranks)
+        result.tokens_per_s = result.accumulation_steps * result.global_batch_size * result.seq_len / (
+            result.slowest_step_ms / 1e3)
+        result.timed_in_turns = True
+
+
 def time_gradient_all_reduce(results: Sequence[DistributedResult], device: torch.device) -> None:
     """Time a plain all-reduce of as many bytes as the model's fp32 gradients in the current process group
     (``tinyllama.harness.allreduce``: the slowest rank's median) and write its time and bus bandwidth into every
@@ -831,7 +889,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--strategy", nargs="+", default=["ddp"],
                         help=f"{', '.join(STRATEGIES)} (FSDP2: fully_shard; zero1: DDP with ZeroRedundancyOptimizer), "
-                             "or several, run one after the other in the same processes (default ddp); a variant "
+                             "or several, trained one after the other in the same processes, then timed in turns (--turns; default "
+                             "ddp); a variant "
                              "as BASE:key=value,...: ddp:bucket_cap_mb=5, ddp:accumulate=4,no_sync=1, "
                              "fsdp:reshard_after_forward=0 (variants are timed, not profiled)")
     add_model_arguments(parser, VERSIONS)
@@ -845,6 +904,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens/s of a 1-GPU run with the same per-GPU batch: prints the scaling efficiency")
     parser.add_argument("--profiled-steps", type=int, default=2,
                         help="steps profiled after the timed ones, for the communication time (0: none; default 2)")
+    parser.add_argument("--turns", type=int, default=10, metavar="ROUNDS",
+                        help="with several strategies: after training each, time them all again in turns, ROUNDS "
+                             "rounds of 2 steps each in a rotating order, so that the host's drift falls on all alike; "
+                             "those are the step times reported (0: each strategy's training steps; default 10)")
     parser.add_argument("--time-all-reduce", action="store_true",
                         help="after the timed runs, time a plain all-reduce of the gradients' bytes (fp32) in the same "
                              "process group: its time and bus bandwidth go into every record")
@@ -879,6 +942,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_strategy(strategy, args.precision)
         _, global_batch, _ = resolve_config(args.preset, args.batch_size, args.seq_len, **shape_overrides(args))
         ctx.local_batch(global_batch)
+        if args.turns < 0:
+            raise ConfigError(f"--turns must be 0 (off) or a number of rounds, got {args.turns}")
         if args.fail_rank is not None and not 0 <= args.fail_rank < ctx.world_size:
             raise ConfigError(f"--fail-rank must be between 0 and {ctx.world_size - 1}")
         device = rank_device(ctx, args.device)
@@ -887,7 +952,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ctx = process_group.join(device, backend=args.backend, timeout_s=args.timeout_s)
         results = []
         options = dict(parse_option(o) for o in args.option)
-        # Every strategy is timed before any is profiled: a profiler session slows every later launch here.
+        # Every strategy is trained and timed before any is profiled: a profiler session slows every later launch
+        # here. With several, they are then timed again in turns, side by side (those times are reported).
         for strategy in args.strategy:
             results.append(run_distributed(
                 strategy, args.version, args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
@@ -896,6 +962,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return_weights=bool(args.save_weights), fail_rank=args.fail_rank, fail_step=args.fail_step,
                 model_options=options, progress=not args.quiet, **shape_overrides(args)))
             dev.free_memory(device)
+        if args.turns and len(results) > 1:
+            if fits_side_by_side(results, device):
+                time_in_turns(results, rounds=args.turns, seed=args.seed, device=device, model_options=options,
+                              progress=not args.quiet, **shape_overrides(args))
+            else:
+                say("the strategies do not fit on the device all at once: each one's step times are those of its "
+                    "own training, one after the other, and follow the host's drift (run fewer at a time)",
+                    ctx.is_main)
         if args.time_all_reduce and ctx.distributed and results:
             time_gradient_all_reduce(results, device)
         if args.profiled_steps:

@@ -26,7 +26,7 @@ from tinyllama.data import ByteTokenizer, Corpus, TokenWindows, make_loader, val
 from tinyllama.harness.bench import endless, run_benchmark
 from tinyllama.harness.cli import progress_bar, say
 from tinyllama.models import build, lm_loss
-from tinyllama.timing import Band, PhaseTimer, Stats, summarize
+from tinyllama.timing import Band, Stats, summarize, time_in_turns
 from tinyllama.training import TrainingStep, seed_everything
 
 STATUS_OK = "ok"
@@ -157,18 +157,16 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
 def time_side_by_side(configs: Sequence[RunConfig], corpus: Corpus, *, rounds: int = 20, steps_per_round: int = 2,
                       warmup_steps: int = 2, lr: float = 1e-3, seed: int = 0,
                       device: torch.device | str | None = None, progress: bool = True) -> dict[str, Stats]:
-    """The optimizer-step times of ``configs``, timed in turns: every configuration is built and warmed up,
-    then each of ``rounds`` rounds gives every one ``steps_per_round`` steps, in an order that rotates from
-    round to round. Whatever the host does meanwhile (another process, a clock change, a neighbour's
-    compile) then falls on all of them alike. Timed one after the other instead, a launch-bound step's
-    median moved by up to 26% between phases of one run on an H200 (2026-11-27), and two runs of the lab
-    kept different changes. Every configuration lives on the device at once: run the ones that fit alone
-    (:func:`run_config` says which) through it. Returns each configuration's step times (ms) by name."""
+    """The optimizer-step times of ``configs``, timed in turns (:func:`tinyllama.timing.time_in_turns`): every
+    configuration is built and warmed up, then each of ``rounds`` rounds gives every one ``steps_per_round``
+    steps, in an order that rotates from round to round. Every configuration lives on the device at once:
+    run the ones that fit alone (:func:`run_config` says which) through it. Returns each configuration's
+    step times (ms) by name."""
     if rounds < 1 or steps_per_round < 1:
         raise ValueError(f"rounds and steps_per_round must be at least 1 (got {rounds}, {steps_per_round})")
     device = dev.get_device(None if device is None else str(device))
     tokenizer = ByteTokenizer()
-    runs = []
+    calls = {}
     for config in configs:
         model_config, _, _ = resolve_config(config.preset, config.micro_batch, config.seq_len,
                                             vocab_size=tokenizer.vocab_size)
@@ -179,21 +177,11 @@ def time_side_by_side(configs: Sequence[RunConfig], corpus: Corpus, *, rounds: i
                              num_workers=config.num_workers, pin_memory=config.pin_memory,
                              prefetch_factor=config.prefetch_factor, seed=seed,
                              persistent_workers=config.num_workers > 0)
-        step = TrainingStep(model, config.precision, device, lr=lr)
-        source = endless(loader)
-        for _ in range(warmup_steps):
-            step.accumulate(source, config.accumulation_steps)
-        runs.append((config, step, source))
-    timer = PhaseTimer(device)
-    samples: dict[str, list[float]] = {config.name: [] for config in configs}
-    for turn in progress_bar(range(rounds), "side by side" if progress else None):
-        for config, step, source in runs[turn % len(runs):] + runs[:turn % len(runs)]:
-            for _ in range(steps_per_round):
-                timer.start()
-                step.accumulate(source, config.accumulation_steps)
-                timer.mark("step")
-                samples[config.name].append(timer.stop()["step"])
-    del runs
+        step, source = TrainingStep(model, config.precision, device, lr=lr), endless(loader)
+        calls[config.name] = (lambda step=step, source=source, n=config.accumulation_steps: step.accumulate(source, n))
+    samples = time_in_turns(calls, device, rounds=rounds, per_turn=steps_per_round, warmup=warmup_steps,
+                            progress=(lambda r: progress_bar(r, "side by side")) if progress else None)
+    del calls
     dev.free_memory(device)
     return {name: summarize(ms) for name, ms in samples.items()}
 
