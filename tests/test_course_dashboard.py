@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 import pytest
+from table_cells import table_rows
 
 from tinyllama.course import dashboard, results
 
@@ -141,7 +142,11 @@ def test_export_never_overwrites(tmp_path):
     assert (first[0].read_bytes(), first[1].read_bytes()) == before
     assert pd.read_csv(second[0]).loc[0, "value"] == 1.4
     text = second[1].read_text()
-    assert text.startswith("# my results") and "| 02_precision | fp16_speedup_vs_fp32 | 1.4 | 1.4 | 1 |" in text
+    assert text.startswith("# my results")
+    header, rule, row = table_rows(text)
+    assert header[:5] == ["notebook", "figure", "yours", "reference", "yours / reference"]
+    assert row[:5] == ["02_precision", "fp16_speedup_vs_fp32", "1.4", "1.4", "1"]
+    assert [cell[0] + cell[-1] for cell in rule[:5]] == [":-", ":-", "-:", "-:", "-:"]  # numbers right-aligned
 
 
 def spread_table(figures, spreads, notebook="17_version_comparison"):

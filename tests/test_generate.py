@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from conftest import GPU
+from table_cells import table_rows
 
 import tinyllama.generation.cache as cache_module
 from tinyllama.config import get_preset
@@ -26,8 +27,9 @@ from tinyllama.generation import (
     generate,
     teacher_forced_logits,
 )
-from tinyllama.generation.benchmark import check_init_std, markdown_table
+from tinyllama.generation.benchmark import check_init_std, summary_table
 from tinyllama.harness.generate import main
+from tinyllama.harness.records import markdown_table
 from tinyllama.models import VERSIONS, build, model_class, transfer_weights
 
 CONFIG = get_preset("ci").model
@@ -292,8 +294,11 @@ def test_the_command_line_checks_times_and_records(tmp_path, capsys):
     assert cached["achieved_gbs"] == pytest.approx(cached["decode_bytes"] / cached["decode_ms_median"] / 1e6)
     assert cached["copy_fraction"] == pytest.approx(cached["achieved_gbs"] / cached["copy_gbs"])
     assert recomputed["decode_bytes"] == pytest.approx(cached["decode_bytes"] / 2)  # bf16
-    table = markdown_table([cached, recomputed]).splitlines()  # the GPU script's summary
-    assert len(table) == 4 and "| ci | v2 | fp32 | cache eager | 2 |" in table[2] and "no cache" in table[3]
+    table = markdown_table(summary_table([cached, recomputed]))  # the GPU script's summary
+    header, rule, first, second = table_rows(table)
+    assert header[:5] == ["preset", "version", "precision", "mode", "batch"] and header[-1] == "% of copy GB/s"
+    assert first[:5] == ["ci", "v2", "fp32", "cache eager", "2"] and second[3] == "no cache"
+    assert rule[0].startswith(":") and all(cell.endswith(":") for cell in rule[4:])  # numbers right-aligned
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,10 +1,11 @@
-"""Saved results are only ever appended to."""
+"""Saved results are only ever appended to; their markdown tables are all written one way."""
 
 import json
 
+import pandas as pd
 import pytest
 
-from tinyllama.harness.records import append_json, load_json
+from tinyllama.harness.records import append_json, load_json, markdown_table
 
 
 def test_records_are_appended_and_nothing_is_left_behind(tmp_path):
@@ -30,3 +31,18 @@ def test_a_file_that_is_not_a_list_is_left_untouched(tmp_path):
 
 def test_a_missing_file_has_no_records(tmp_path):
     assert load_json(tmp_path / "nothing.json") == []
+
+
+def test_every_markdown_table_is_written_one_way():
+    frame = pd.DataFrame({"run": ["v1", "a|b"], "ms": [12.3456, float("nan")], "tokens/s": [123456.7, 999.7],
+                          "batch": [8, 16], "share": ["45.1%", "-"], "note": [None, "two\nlines"]})
+    # 3 significant figures, whole numbers with separators instead of an exponent, integers as they are, NaN and
+    # None blank, a | escaped; text left-aligned, numbers (and text that starts with one) right-aligned.
+    assert markdown_table(frame).splitlines() == [
+        "| run   |   ms |   tokens/s |   batch |   share | note      |",
+        "|:------|-----:|-----------:|--------:|--------:|:----------|",
+        "| v1    | 12.3 |    123,457 |       8 |   45.1% |           |",
+        "| a\\|b  |      |      1,000 |      16 |       - | two lines |"]
+    assert markdown_table(frame, digits=4).splitlines()[2:] == [
+        "| v1    | 12.35 |    123,457 |       8 |   45.1% |           |",
+        "| a\\|b  |       |      999.7 |      16 |       - | two lines |"]

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
@@ -55,7 +56,7 @@ from tinyllama.harness.comparison.targets import (  # noqa: E402
     operator_differences,
     targets,
 )
-from tinyllama.harness.records import append_json  # noqa: E402
+from tinyllama.harness.records import append_json, markdown_table  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------
 # Markdown
@@ -63,14 +64,8 @@ from tinyllama.harness.records import append_json  # noqa: E402
 
 
 def md_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
-        return str(value).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    """``columns`` of ``rows`` as a markdown table (a missing key blank)."""
+    return markdown_table(pd.DataFrame(rows, columns=columns, dtype=object))
 
 
 def markdown(record: dict[str, Any], summary: dict[str, Any]) -> str:

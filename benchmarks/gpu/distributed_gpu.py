@@ -34,7 +34,7 @@ from tinyllama import device as dev  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
 from tinyllama.course.results import course_commit  # noqa: E402
 from tinyllama.harness.distributed import fsdp_available, scaling_table  # noqa: E402
-from tinyllama.harness.records import append_json, load_json, run_record  # noqa: E402
+from tinyllama.harness.records import append_json, load_json, markdown_table, run_record  # noqa: E402
 
 
 def run(k: int, preset: str, strategies: list[str], json_file: Path, args: argparse.Namespace) -> int:
@@ -112,8 +112,7 @@ def main() -> int:
              f"{summary['date']} | torch {torch.__version__} | {args.version} {' '.join(args.option)} {args.precision} | "
              "per-GPU batch = the preset's batch", ""]
     if len(table):
-        lines.append(table[columns].to_markdown(index=False, floatfmt=".3g") if _has_tabulate() else
-                     table[columns].to_string(index=False))
+        lines.append(markdown_table(table[columns]))
     lines += ["", "failures: " + ("; ".join(failures) if failures else "none")]
     (out / "distributed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -127,14 +126,6 @@ def main() -> int:
                                              topic="distributed", summary=summary)])
         print(f"appended this run ({source}, commit {commit or 'unknown'}) to {args.record}")
     return 1 if failures else 0
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

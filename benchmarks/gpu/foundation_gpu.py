@@ -13,9 +13,12 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from tinyllama import device as dev
 from tinyllama.costs.ceilings import measure_ceilings
 from tinyllama.harness.bench import run_benchmark
+from tinyllama.harness.records import markdown_table
 
 
 def main() -> None:
@@ -43,20 +46,16 @@ def main() -> None:
               "ceilings": {k: {"value": c.value, "unit": c.unit, "size": c.size} for k, c in ceilings.items()},
               "v1": results}
     (out / "foundation.json").write_text(json.dumps(record, indent=1, default=str))
+    ceiling_rows = [{"ceiling": key, "measured": f"{c.value:.1f} {c.unit}",
+                     "datasheet": (None if peaks is None else peaks.memory_bandwidth_tbs if key == "copy"
+                                   else peaks.tflops(c.precision)) or "n/a"} for key, c in ceilings.items()]
+    step_rows = [{"precision": r["precision"], "step ms (median)": f"{r['step_ms_median']:.1f}",
+                  "p10-p90": f"{r['step_ms_p10']:.1f}-{r['step_ms_p90']:.1f}", "fwd": f"{r['forward_ms_median']:.1f}",
+                  "bwd": f"{r['backward_ms_median']:.1f}", "opt": f"{r['optimizer_ms_median']:.1f}",
+                  "tokens/s": f"{r['tokens_per_s']:,.0f}", "peak MiB": f"{r['peak_memory_mib']:,.0f}",
+                  "MFU (datasheet)": "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"} for r in results]
     lines = [f"# V1 at {args.preset}, {env['device']}, {record['date']} (torch {env['torch']})", "",
-             "| ceiling | measured | datasheet |", "| --- | ---: | ---: |"]
-    for key, c in ceilings.items():
-        sheet = None
-        if peaks:
-            sheet = peaks.memory_bandwidth_tbs if key == "copy" else peaks.tflops(c.precision)
-        lines.append(f"| {key} | {c.value:.1f} {c.unit} | {sheet if sheet is not None else 'n/a'} |")
-    lines += ["", "| precision | step ms (median) | p10-p90 | fwd | bwd | opt | tokens/s | peak MiB | MFU (datasheet) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in results:
-        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {r['precision']} | {r['step_ms_median']:.1f} | {r['step_ms_p10']:.1f}-{r['step_ms_p90']:.1f} | "
-                     f"{r['forward_ms_median']:.1f} | {r['backward_ms_median']:.1f} | {r['optimizer_ms_median']:.1f} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['peak_memory_mib']:,.0f} | {mfu} |")
+             markdown_table(pd.DataFrame(ceiling_rows), digits=4), "", markdown_table(pd.DataFrame(step_rows))]
     (out / "foundation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

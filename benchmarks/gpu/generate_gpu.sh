@@ -78,11 +78,11 @@ done
 "$PYTHON" - "$OUT"/generate_*.json > "$OUT/generate.md" <<'EOF'
 import sys
 
-from tinyllama.generation.benchmark import markdown_table
-from tinyllama.harness.records import load_json
+from tinyllama.generation.benchmark import summary_table
+from tinyllama.harness.records import load_json, markdown_table
 
 for path in sys.argv[1:]:
-    print(f"## {path.rsplit('/', 1)[-1]}\n\n{markdown_table(load_json(path))}\n")
+    print(f"## {path.rsplit('/', 1)[-1]}\n\n{markdown_table(summary_table(load_json(path)))}\n")
 EOF
 cat "$OUT/generate.md"
 exit $status

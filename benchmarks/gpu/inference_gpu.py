@@ -21,6 +21,8 @@ import time
 import traceback
 from pathlib import Path
 
+import pandas as pd
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
 
@@ -28,6 +30,7 @@ import inference  # noqa: E402
 from inference import BenchmarkConfig, BenchmarkError, compare_precisions, run_benchmark  # noqa: E402
 from inference.sweep import sweep_batch_sizes  # noqa: E402
 from tinyllama import device as dev  # noqa: E402
+from tinyllama.harness.records import markdown_table  # noqa: E402
 
 # Measured of the original micro_benchmarking_pytorch.py on an NVIDIA H200 (torch 2.11), img/s.
 ORIGINAL_H200 = {
@@ -139,25 +142,26 @@ def write_markdown(path: Path, report: dict) -> None:
         "",
     ]
     lines += [f"- {line}" for line in report["precision_check"]]
-    lines += ["", "## Throughput", "",
-              "| run | mode | batch | settings | img/s | original H200 img/s | ratio | median ms | spread % | "
-              "first iter ms | compile s | peak MiB | check max rel diff |",
-              "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = []
     for run in report["runs"]:
         if "error" in run:
-            lines.append(f"| {run['name']} | | | | failed: {run['error'][:80]} | | | | | | | | |")
+            rows.append({"run": run["name"], "img/s": f"failed: {run['error'][:80]}"})
             continue
         settings = run["precision"] + (" nhwc" if run["channels_last"] else "") + (
             f" compile {json.dumps(run['compile_options'])}" if run["compiled"] else "")
         original = run.get("original_h200")
-        ratio = f"{run['throughput'] / original:.2f}x" if original else ""
-        compile_s = f"{run['compile_s']:.1f}" if run.get("compile_s") is not None else ""
-        peak = f"{run['peak_memory_mib']:,.0f}" if run.get("peak_memory_mib") is not None else "-"
-        rel = f"{run['accuracy_max_rel_diff']:.2g}" if run.get("accuracy_max_rel_diff") is not None else run["check"]
-        lines.append(
-            f"| {run['name']} | {run['mode']} | {run['batch_size']} | {settings} | {run['throughput']:,.0f} | "
-            f"{f'{original:,.0f}' if original else ''} | {ratio} | {run['median_ms']:.2f} | {run['spread_pct']:.1f} | "
-            f"{run['first_iteration_ms']:.0f} | {compile_s} | {peak} | {rel} |")
+        rel = run.get("accuracy_max_rel_diff")
+        rows.append({
+            "run": run["name"], "mode": run["mode"], "batch": run["batch_size"], "settings": settings,
+            "img/s": f"{run['throughput']:,.0f}", "original H200 img/s": f"{original:,.0f}" if original else "",
+            "ratio": f"{run['throughput'] / original:.2f}x" if original else "", "median ms": f"{run['median_ms']:.2f}",
+            "spread %": f"{run['spread_pct']:.1f}", "first iter ms": f"{run['first_iteration_ms']:.0f}",
+            "compile s": f"{run['compile_s']:.1f}" if run.get("compile_s") is not None else "",
+            "peak MiB": f"{run['peak_memory_mib']:,.0f}" if run.get("peak_memory_mib") is not None else "-",
+            "check max rel diff": f"{rel:.2g}" if rel is not None else run["check"]})
+    columns = ["run", "mode", "batch", "settings", "img/s", "original H200 img/s", "ratio", "median ms", "spread %",
+               "first iter ms", "compile s", "peak MiB", "check max rel diff"]
+    lines += ["", "## Throughput", "", markdown_table(pd.DataFrame(rows, columns=columns, dtype=object))]
     targets = report["targets"]
     lines += ["", "## Targets", ""]
     for item in targets["same_settings"]:

@@ -30,6 +30,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+
+from tinyllama.harness.records import markdown_table  # noqa: E402
+
 CASES = {  # name -> the flags both programs take, then the lever sets of ours
     "inference b256 fp16 channels-last compile": (
         ["--network", "resnet50", "--mode", "inference", "--batch-size", "256", "--fp16", "1", "--nhwc", "--compile"],
@@ -83,6 +89,11 @@ def verdict(ours: dict, original: dict) -> str:
     return "within noise"
 
 
+def with_rounds(side: dict) -> str:
+    """The median img/s, then each round's: ``1,234 (1,230, 1,240)``."""
+    return f"{side['median']:,.0f} ({', '.join(f'{v:,.0f}' for v in side['runs'])})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--original", required=True, type=Path, help="a checkout of ROCm/pytorch-micro-benchmarking")
@@ -128,14 +139,11 @@ def main() -> int:
                                  "ours": rows, "raw": runs}
         (args.out / "inference_vs_original.json").write_text(json.dumps(record, indent=1))
     lines = [f"# ResNet-50, ours against the original micro-benchmark ({record['device']}, torch {record['torch']}, "
-             f"{record['date']})", "", "| case | ours | img/s (rounds) | original img/s (rounds) | ratio | verdict |",
-             "| --- | --- | --- | --- | ---: | --- |"]
-    for case, entry in record["cases"].items():
-        orig = entry["original"]
-        for name, row in entry["ours"].items():
-            lines.append(f"| {case} | {name} | {row['median']:,.0f} ({', '.join(f'{v:,.0f}' for v in row['runs'])}) | "
-                         f"{orig['median']:,.0f} ({', '.join(f'{v:,.0f}' for v in orig['runs'])}) | "
-                         f"{row['ratio']:.2f}x | {row['verdict']} |")
+             f"{record['date']})", "", markdown_table(pd.DataFrame([
+                 {"case": case, "ours": name, "img/s (rounds)": with_rounds(row),
+                  "original img/s (rounds)": with_rounds(entry["original"]), "ratio": f"{row['ratio']:.2f}x",
+                  "verdict": row["verdict"]}
+                 for case, entry in record["cases"].items() for name, row in entry["ours"].items()]))]
     (args.out / "inference_vs_original.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

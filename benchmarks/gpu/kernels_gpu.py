@@ -35,9 +35,11 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from tinyllama import device as dev  # noqa: E402
+from tinyllama.harness.records import markdown_table  # noqa: E402
 
 # Last: the launcher's memory (tests/test_kernel_launch.py) and the registered operators with
 # torch.compile of V3 (tests/test_kernel_ops.py), here with compiled kernels and triton_op.
@@ -114,12 +116,11 @@ def part_environment(report: Report) -> tuple[Any, list[str]]:
     ceilings = measure_kernel_ceilings(["fp32", "bf16"], dev.get_device())
     report.data["ceilings"] = ceilings
     peaks = dev.device_peaks()
-    lines = ["| measured ceiling | value | datasheet |", "| --- | ---: | ---: |",
-             f"| copy (read + write) | {ceilings['copy_tbs']:.2f} TB/s | "
-             f"{peaks.memory_bandwidth_tbs if peaks else 'n/a'} |"]
-    for dtype in ("fp32", "bf16"):
-        sheet = peaks.tflops(dtype) if peaks else "n/a"
-        lines.append(f"| matmul {dtype} | {ceilings[f'matmul_{dtype}_tflops']:.1f} TFLOP/s | {sheet} |")
+    rows = [{"measured ceiling": "copy (read + write)", "value": f"{ceilings['copy_tbs']:.2f} TB/s",
+             "datasheet": peaks.memory_bandwidth_tbs if peaks else "n/a"}]
+    rows += [{"measured ceiling": f"matmul {dtype}", "value": f"{ceilings[f'matmul_{dtype}_tflops']:.1f} TFLOP/s",
+              "datasheet": peaks.tflops(dtype) if peaks else "n/a"} for dtype in ("fp32", "bf16")]
+    lines = [markdown_table(pd.DataFrame(rows, dtype=object), digits=4)]  # datasheets: 989.4 TFLOP/s
     print("\n".join(lines), flush=True)
     return {"environment": env, "ceilings": ceilings}, lines
 
@@ -171,9 +172,10 @@ def part_tests(report: Report, deadline_s: float) -> tuple[Any, list[str]]:
     lines = [f"Kernel tests compiled at the workshop's shapes: **{passed} passed**, {totals['failures']} failed, "
              f"{totals['errors']} errors, {totals['skipped']} skipped in {time.monotonic() - began:.0f} s "
              "(compilation and autotuning included).", "",
-             "| file | exit | tests | failed | errors | seconds |", "| --- | --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {n} | {f.get('exit', f.get('status'))} | {f.get('tests', '')} | {f.get('failures', '')} | "
-              f"{f.get('errors', '')} | {f.get('seconds', '')} |" for n, f in files.items()]
+             markdown_table(pd.DataFrame([{"file": n, "exit": f.get("exit", f.get("status")), "tests": f.get("tests"),
+                                           "failed": f.get("failures"), "errors": f.get("errors"),
+                                           "seconds": f.get("seconds")} for n, f in files.items()], dtype=object),
+                            digits=4)]
     lines += [f"- FAILED {f['test']}: {f['message'][:200]}" for f in failed]
     return {"passed": passed, **totals, "files": files, "failed": failed}, lines
 
@@ -261,10 +263,12 @@ def part_model(report: Report, preset_name: str, num_steps: int) -> tuple[Any, l
         parity[precision] = {"logits": max_relative_error(l3, l1),
                              "worst_gradient": max(max_relative_error(g3[n], g) for n, g in g1.items())}
     out["parity_v3_vs_v1"] = parity
+    table = markdown_table(pd.DataFrame([{"precision": p, "logits": f"{r['logits']:.2e}",
+                                          "worst parameter gradient": f"{r['worst_gradient']:.2e}"}
+                                         for p, r in parity.items()]))
     lines += [f"V3 against V1, same weights, {preset_name} shape at batch 2 (relative error: max |diff| / max |V1|):", "",
-              "| precision | logits | worst parameter gradient |", "| --- | ---: | ---: |"]
-    lines += [f"| {p} | {r['logits']:.2e} | {r['worst_gradient']:.2e} |" for p, r in parity.items()]
-    print(lines[-2:], flush=True)
+              table]
+    print(table, flush=True)
 
     # 2. Stage 1: the broken initialisation's first loss.
     with torch.no_grad():
@@ -305,17 +309,17 @@ def part_model(report: Report, preset_name: str, num_steps: int) -> tuple[Any, l
             print(traceback.format_exc(), flush=True)
         dev.free_memory(device)
     out["steps_bf16"] = steps
-    lines += [f"Training step, {preset_name}, bf16 autocast, 3 warm-up + "
-              f"{num_steps} timed steps, same batches, this process:", "",
-              "| run | step ms (median) | p10-p90 | forward | backward | optimizer | tokens/s | peak MiB |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = []
     for label, r in steps.items():
         if "step_ms_median" not in r:
-            lines.append(f"| {label} | {r.get('status')} | | | | | | |")
+            rows.append({"run": label, "step ms (median)": r.get("status")})
             continue
-        lines.append(f"| {label} | {r['step_ms_median']:.1f} | {r['step_ms_p10']:.1f}-{r['step_ms_p90']:.1f} | "
-                     f"{r['forward_ms_median']:.1f} | {r['backward_ms_median']:.1f} | {r['optimizer_ms_median']:.1f} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['peak_memory_mib'] or 0:,.0f} |")
+        rows.append({"run": label, "step ms (median)": f"{r['step_ms_median']:.1f}",
+                     "p10-p90": f"{r['step_ms_p10']:.1f}-{r['step_ms_p90']:.1f}", "forward": f"{r['forward_ms_median']:.1f}",
+                     "backward": f"{r['backward_ms_median']:.1f}", "optimizer": f"{r['optimizer_ms_median']:.1f}",
+                     "tokens/s": f"{r['tokens_per_s']:,.0f}", "peak MiB": f"{r['peak_memory_mib'] or 0:,.0f}"})
+    lines += [f"Training step, {preset_name}, bf16 autocast, 3 warm-up + "
+              f"{num_steps} timed steps, same batches, this process:", "", markdown_table(pd.DataFrame(rows))]
     median = {k: r["step_ms_median"] for k, r in steps.items() if "step_ms_median" in r}
     ratios = {}
     if "v3" in median and "v1" in median:

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+import pandas as pd
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 from tinyllama import device as dev  # noqa: E402
 from tinyllama.config import get_preset  # noqa: E402
 from tinyllama.correctness import check_every_parameter_trained  # noqa: E402
+from tinyllama.harness.records import markdown_table  # noqa: E402
 from tinyllama.models import VERSIONS, build, model_class  # noqa: E402
 from tinyllama.models.weights import transfer_weights  # noqa: E402
 from tinyllama.profiling import flops as pflops  # noqa: E402
@@ -215,14 +216,15 @@ def write_markdown(record: dict[str, Any], out: Path) -> None:
     env = record["environment"]
     lines = [f"# Profiling and roofline: {record['preset']} ({record['precision']}), {env['device']}, {record['date']}",
              "", f"torch {env['torch']}, triton {env.get('triton')}; `python benchmarks/gpu/profiling_gpu.py --out DIR` "
-             f"({record['seconds']:.0f} s)", "", "## Vendor profilers", "", "| tool | available | version | note |",
-             "| --- | --- | --- | --- |"]
-    for t in record.get("tools", []):
-        lines.append(f"| {t['tool']} | {t['available']} | {t['version'] or ''} | {t['message'][:80]} |")
-    lines += ["", "## Ceilings", "", "| ceiling | measured | datasheet | % of datasheet |", "| --- | ---: | ---: | ---: |"]
-    for c in record.get("ceilings", []):
-        pct = "" if c["measured_pct_of_datasheet"] is None else f"{c['measured_pct_of_datasheet']:.0f}%"
-        lines.append(f"| {c['ceiling']} | {c['measured']:.4g} {c['unit']} | {c['datasheet'] or 'n/a'} | {pct} |")
+             f"({record['seconds']:.0f} s)", "", "## Vendor profilers", "",
+             markdown_table(pd.DataFrame([{"tool": t["tool"], "available": t["available"], "version": t["version"],
+                                           "note": t["message"][:80]} for t in record.get("tools", [])], dtype=object)),
+             "", "## Ceilings", "",
+             markdown_table(pd.DataFrame([{
+                 "ceiling": c["ceiling"], "measured": f"{c['measured']:.4g} {c['unit']}",
+                 "datasheet": c["datasheet"] or "n/a",
+                 "% of datasheet": None if c["measured_pct_of_datasheet"] is None else f"{c['measured_pct_of_datasheet']:.0f}%"}
+                 for c in record.get("ceilings", [])], dtype=object), digits=4)]
     lines += ["", "## Correctness before measuring", ""]
     for key in ("flops_v1_forward", "flops_resnet18", "same_function"):
         lines.append(f"- {key}: `{json.dumps({k: v for k, v in record.get(key, {}).items() if k not in ('traceback', 'by_type_depth3')}, default=str)[:600]}`")
@@ -233,16 +235,14 @@ def write_markdown(record: dict[str, Any], out: Path) -> None:
         lines += ["", f"## {run['label']} ({run['version']}, {run['precision']})", "",
                   f"Device work per step {p.get('device_ms_per_step', float('nan')):.2f} ms; CPU/device "
                   f"{(p.get('overhead') or {}).get('ratio')}: {(p.get('overhead') or {}).get('verdict')}; first step "
-                  f"{run.get('first_step_s', float('nan')):.1f} s", "", "| category | ms/step | share |", "| --- | ---: | ---: |"]
-        for c in p.get("category_shares", []):
-            lines.append(f"| {c['category']} | {c['time_ms']:.2f} | {c['share_pct']:.1f}% |")
-        lines += ["", "| operator | category | ms/step | FLOP/byte | TFLOP/s | bound | % of roof |",
-                  "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
-        for o in run.get("roofline_points", [])[:12]:
-            def fmt(v: Any, spec: str) -> str:
-                return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-            lines.append(f"| {o['operator']} | {o['category']} | {o['time_ms']:.2f} | {fmt(o['intensity'], '.3g')} | "
-                         f"{fmt(o['tflops'], '.3g')} | {o['bound']} | {fmt(o['pct_of_roof'], '.0f')} |")
+                  f"{run.get('first_step_s', float('nan')):.1f} s", "",
+                  markdown_table(pd.DataFrame([{"category": c["category"], "ms/step": f"{c['time_ms']:.2f}",
+                                                "share": f"{c['share_pct']:.1f}%"} for c in p.get("category_shares", [])])),
+                  "", markdown_table(pd.DataFrame([{
+                      "operator": o["operator"], "category": o["category"], "ms/step": f"{o['time_ms']:.2f}",
+                      "FLOP/byte": o["intensity"], "TFLOP/s": o["tflops"], "bound": o["bound"],
+                      "% of roof": None if o["pct_of_roof"] is None else round(o["pct_of_roof"])}
+                      for o in run.get("roofline_points", [])[:12]], dtype=object))]
         lines += ["", "Memory per phase (MiB): " + ", ".join(
             f"{m['phase']} {m['allocated_mib']} (peak {m['peak_mib']})" for m in run.get("phase_memory", []))]
     for n in record.get("ncu", []):

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from tinyllama.course import reference
-from tinyllama.course.dashboard import markdown_table
+from tinyllama.harness.records import markdown_table
 
 # A number without a recorded spread agrees with the other run's within this share of the larger of the two.
 RELATIVE_TOLERANCE = 0.10
@@ -130,6 +130,7 @@ LABELS: tuple[Label, ...] = (
     Label("21_*", "step_ms_*", "eager steps of the medium model on each rank: part host (see 17's step_ms_v*)"),
     Label("21_*", "tokens_per_s_*", "from the eager steps (see step_ms_*)"),
     Label("21_*", "scaling_efficiency_*", "from the eager steps (see step_ms_*)"),
+    Label("21_*", "baseline_tokens_per_s", "one GPU's eager steps of the medium model: part host (see 17's step_ms_v*)"),
     Label("21_*", "communication_ms_*", "the transfer plus the wait for the later rank: the wait is the skew between "
                                         "the ranks' hosts (the transfer alone, transfer_ms_*, is compared)"),
     Label("19_*", "most_different_figure", "which stored figure differs most from this run's: follows the run's "
@@ -349,11 +350,11 @@ def _spread_text(value: Any) -> Any:
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
-    """A GitHub markdown table of ``frame`` (:func:`tinyllama.course.dashboard.markdown_table`: floats to
+    """A GitHub markdown table of ``frame`` (:func:`tinyllama.harness.records.markdown_table`: floats to
     4 significant digits), spreads as ``[low, high]``; ``(none)`` for no rows."""
     if frame.empty:
         return "(none)"
-    return markdown_table(frame.map(_spread_text), index=False)
+    return markdown_table(frame.map(_spread_text), digits=4)
 
 
 def _change(frame: pd.DataFrame) -> pd.DataFrame:

@@ -93,8 +93,8 @@ class Profile:
     # configuration (timed; the loss after them is the convergence check) and untimed warm-up steps,
     # the learning rate, the sequence length and the shorter one of the sequence phase, the effective
     # batch (sequences per optimizer step) and the micro-batches tried at it, the loader workers
-    # tried, the tolerance of the convergence check (relative, on the held-out loss), and the batch of
-    # the memory-estimate check.
+    # tried, the tolerance of the convergence check (relative, on the held-out loss), the batch of
+    # the memory-estimate check, and the rounds of timing in turns (two steps each) that decide a phase.
     lab_preset: str
     lab_corpus_bytes: int
     lab_steps: int
@@ -107,6 +107,7 @@ class Profile:
     lab_workers: tuple[int, ...]
     lab_loss_tolerance: float
     lab_memory_batch: int
+    lab_rounds: int
     # 22_generation: the model of the ladder (preset, version, precision), its prompt and new tokens per
     # sequence; the batch sweep's batches with its (short) prompt and new tokens, so that the weights, not the
     # cache, dominate a step's bytes; whether the ladder compiles the decode step (seconds on a GPU, minutes of
@@ -205,6 +206,9 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 4),
         lab_loss_tolerance=0.03,
         lab_memory_batch=4,
+        # 100 steps a configuration: at 40 (20 rounds) the p10's interval spanned ranks 1 to 8 and two runs
+        # of one H200 machine kept different changes (2026-11-27).
+        lab_rounds=50,
         # 22_generation: the medium model in bf16 with a 512-token prompt; the sweep up to batches where a
         # step's FLOPs per byte pass the ridge point (a 16-token context keeps the cache small)
         generation_preset="medium",
@@ -293,6 +297,7 @@ PROFILES: dict[str, Profile] = {
         lab_workers=(0, 2),
         lab_loss_tolerance=0.05,
         lab_memory_batch=2,
+        lab_rounds=10,
         # 22_generation: the ci model in fp32, short prompts, eager only (no CUDA graphs on a CPU)
         generation_preset="ci",
         generation_version="v2",

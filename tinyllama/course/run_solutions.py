@@ -51,6 +51,7 @@ from tinyllama.course import checkpoints, drift, reference, results
 from tinyllama.course.jupyter_setup import KERNEL_NAME, registered_kernels
 from tinyllama.course.profile import ENV_VARIABLE as PROFILE_VARIABLE
 from tinyllama.course.profile import select_profile
+from tinyllama.harness.records import markdown_table
 
 
 @dataclass
@@ -171,18 +172,12 @@ def summarize(outcomes: list[Outcome], figures: pd.DataFrame, profile: str, outp
         first = figures.iloc[0]
         lines += [f"Device: {first['device']} ({first['backend']}), torch {first['torch']}, "
                   f"triton {first['triton']}", ""]
-    lines += ["| notebook | result | time (s) |", "| --- | --- | ---: |"]
-    for outcome in outcomes:
-        result = "ok" if outcome.ok else f"FAILED: {outcome.error.replace('|', '/')}"
-        lines.append(f"| {outcome.notebook} | {result} | {outcome.seconds:.1f} |")
+    lines.append(markdown_table(pd.DataFrame(
+        [{"notebook": o.notebook, "result": "ok" if o.ok else f"FAILED: {o.error}", "time (s)": f"{o.seconds:.1f}"}
+         for o in outcomes], columns=["notebook", "result", "time (s)"])))
     lines += ["", "## Recorded figures", ""]
-    if figures.empty:
-        lines.append("No figures were recorded.")
-    else:
-        lines += ["| notebook | figure | value |", "| --- | --- | ---: |"]
-        for row in figures.itertuples():
-            value = f"{row.value:.4g}" if isinstance(row.value, float) else str(row.value)
-            lines.append(f"| {row.notebook} | {row.figure} | {value} |")
+    lines.append("No figures were recorded." if figures.empty
+                 else markdown_table(figures[["notebook", "figure", "value"]], digits=4))
     text = "\n".join(lines) + "\n"
     (output / "summary.md").write_text(text, encoding="utf-8")
     return text

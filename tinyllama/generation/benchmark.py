@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+import pandas as pd
 import torch
 
 from tinyllama import device as dev
@@ -248,13 +249,8 @@ TABLE_COLUMNS: dict[str, Callable[[dict[str, Any]], Any]] = {
 }
 
 
-def markdown_table(records: Sequence[dict[str, Any]]) -> str:
-    """A markdown table of generation records (``GenerationResult.to_dict()``), one row each."""
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-        return str(value)
-
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + " --- |" * len(TABLE_COLUMNS)]
-    lines += ["| " + " | ".join(cell(column(r)) for column in TABLE_COLUMNS.values()) + " |" for r in records]
-    return "\n".join(lines)
+def summary_table(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The :data:`TABLE_COLUMNS` of generation records (``GenerationResult.to_dict()``), one row each (pandas;
+    :func:`tinyllama.harness.records.markdown_table` writes it as markdown)."""
+    return pd.DataFrame([{name: column(r) for name, column in TABLE_COLUMNS.items()} for r in records],
+                        columns=list(TABLE_COLUMNS))

@@ -44,6 +44,7 @@ from tinyllama import device as dev
 from tinyllama.config import ModelConfig, get_preset, make_config
 from tinyllama.costs.ceilings import measure_copy_tbs, measure_matmul_tflops
 from tinyllama.harness.cli import progress_bar
+from tinyllama.harness.records import markdown_table
 from tinyllama.kernels import (
     flash_attention,
     flash_attention_reference,
@@ -516,21 +517,11 @@ def check_targets(frame: Any) -> Any:
 
 
 def to_markdown(frame: Any, columns: Sequence[str] | None = None, digits: int = 3) -> str:
-    """A GitHub markdown table of ``frame`` (no extra dependency)."""
+    """``frame``'s ``columns`` (those it has; all by default) as a GitHub markdown table
+    (:func:`tinyllama.harness.records.markdown_table`); ``(no rows)`` for an empty frame."""
     if frame.empty:
         return "(no rows)"
-    columns = [c for c in (columns or frame.columns) if c in frame.columns]
-
-    def fmt(value: Any) -> str:
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return ""
-        if isinstance(value, float):
-            return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
-        return str(value).replace("|", "/")
-
-    lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame[columns].itertuples(index=False)]
-    return "\n".join(lines)
+    return markdown_table(frame[[c for c in (columns or frame.columns) if c in frame.columns]], digits)
 
 
 SUMMARY_COLUMNS = ("kernel", "dtype", "seq_len", "impl", "sdpa_backend", "pass", "eager_ms", "eager_spread_pct",

@@ -1,7 +1,8 @@
 """Results files that only grow, for ``tinyllama`` and ``inference`` alike: a JSON file holds a list
 that each save appends to; a CSV file gets its header once and a row per result. Nothing written
 earlier is ever lost: a file that is not such a list is refused, and rows whose columns differ from
-a CSV file's header go to a new file beside it (``runs-1.csv``).
+a CSV file's header go to a new file beside it (``runs-1.csv``). :func:`markdown_table` writes every
+markdown table of the packages and the GPU scripts.
 
 The benchmark records (``benchmarks/records/<topic>.json``, and the topics notebooks read, shipped as package
 data: ``inference/data/``, ``tinyllama/course/data/``) are such lists, one run per entry, each with the keys of
@@ -13,13 +14,19 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
+import math
+import numbers
 import os
+import re
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from tinyllama.config import BenchmarkError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class ResultsFileError(BenchmarkError, ValueError):
@@ -128,3 +135,33 @@ def append_csv(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]
         for row in rows:
             writer.writerow({k: _cell(v) for k, v in row.items()})
     return target
+
+
+# A cell that reads as a number: a number, or text that starts with one ("12.3 TB/s", "45%", "1.20x", "9.8-10.2").
+_NUMERIC = re.compile(r"[-+]?\.?\d[\d,.]*(e[-+]?\d+)?(?=$|[\s%x-])", re.IGNORECASE)
+
+
+def markdown_table(frame: pd.DataFrame, digits: int = 3) -> str:
+    """``frame`` as a GitHub markdown table, without its index, through ``DataFrame.to_markdown`` (tabulate).
+
+    Numbers to ``digits`` significant figures (whole, with thousands separators, where that would take an
+    exponent: ``12,345``), integers as they are, None and NaN blank; in text a ``|`` is escaped and a line
+    break becomes a space. A column is right-aligned when each of its cells other than blank, ``-`` and
+    ``n/a`` reads as a number: a number, or text that starts with one (``12.3 TB/s``, ``45%``, ``1.20x``)."""
+    def cell(value: Any) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        if isinstance(value, numbers.Integral):
+            return str(value)
+        if isinstance(value, numbers.Real):
+            text = f"{value:.{digits}g}"
+            return f"{value:,.0f}" if "e+" in text else text
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    def numeric(column: Iterable[str]) -> bool:
+        shown = [v for v in column if v not in ("", "-", "n/a")]
+        return bool(shown) and all(_NUMERIC.match(v) for v in shown)
+
+    text = frame.map(cell)
+    align = ["right" if numeric(text.iloc[:, i]) else "left" for i in range(text.shape[1])]
+    return text.to_markdown(index=False, disable_numparse=True, colalign=align)
