@@ -514,7 +514,7 @@ def check_overlap(overlap_gradients: Callable[..., Any]) -> bool:
 
 
 def time_data_parallel(train_step: Callable[..., Any], overlap_gradients: Callable[..., Any], *, preset: str,
-                       per_gpu_batch: int, seq_len: int, precision: str = "bf16", steps: int = 15, warmup: int = 5,
+                       per_gpu_batch: int, seq_len: int, precision: str = "bf16", steps: int = 40, warmup: int = 5,
                        version: str = "v2", model_options: dict[str, Any] | None = None,
                        timeout_s: float = 480.0) -> dict[str, Any]:
     """Time DDP, ``train_step`` (naive) and ``overlap_gradients`` on 2 GPUs with NCCL: per step, device
