@@ -27,7 +27,6 @@ in a notebook cell cannot be imported by name in another process.
 
 from __future__ import annotations
 
-import builtins
 import inspect
 import os
 import pickle

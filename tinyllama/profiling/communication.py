@@ -365,12 +365,6 @@ def communication_figures(profiles: Sequence[RankProfile]) -> list[Communication
     return figures
 
 
-def communication_time(run: ProfileRun) -> CommunicationTime:
-    """The communication in ``run`` (a ``profile_steps`` result) of one process alone: without the other
-    ranks' profiles no wait can be told from the transfer (``wait_ms`` is 0)."""
-    return communication_figures([read_profile(run)])[0]
-
-
 # ------------------------------------------------------------------------------------------------
 # Physical sanity
 # ------------------------------------------------------------------------------------------------
