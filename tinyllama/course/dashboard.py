@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from tinyllama.harness.records import markdown_table as _markdown_table
 from tinyllama.course.results import results_dir
+from tinyllama.harness.records import markdown_table
 from tinyllama.timing import Band, verdict
 
 Figures = Mapping[str, Any]  # the figures of one record (one run of one notebook), by name
@@ -528,11 +528,9 @@ def pitfalls(mine: pd.DataFrame) -> pd.DataFrame:
 # Export
 
 
-def markdown_table(table: pd.DataFrame, index: bool = True) -> str:
-    """A pandas table as a GitHub markdown table, its named index as the first columns when ``index``
-    (:func:`tinyllama.harness.records.markdown_table`, numbers to 4 significant figures)."""
-    frame = table.reset_index() if index and any(name is not None for name in table.index.names) else table
-    return _markdown_table(frame, digits=4)
+def _index_as_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its named index as its first columns (a markdown table shows no index)."""
+    return table.reset_index() if any(name is not None for name in table.index.names) else table
 
 
 def export_results(table: pd.DataFrame, sections: Mapping[str, pd.DataFrame], title: str,
@@ -543,7 +541,8 @@ def export_results(table: pd.DataFrame, sections: Mapping[str, pd.DataFrame], ti
     folder = (Path(directory) if directory is not None else results_dir()) / "exports"
     folder.mkdir(parents=True, exist_ok=True)
     stamp = f"results-{(now or _dt.datetime.now()):%Y%m%d-%H%M%S}"
-    text = f"# {title}\n\n" + "\n\n".join(f"## {name}\n\n{markdown_table(frame)}" for name, frame in sections.items())
+    text = f"# {title}\n\n" + "\n\n".join(f"## {name}\n\n{markdown_table(_index_as_columns(frame), digits=4)}"
+                                           for name, frame in sections.items())
     for attempt in range(1, 1000):
         base = folder / (stamp if attempt == 1 else f"{stamp}-{attempt}")
         try:

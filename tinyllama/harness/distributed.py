@@ -30,7 +30,7 @@ A strategy takes variants after a colon, ``BASE:key=value,key=value`` (:func:`pa
 its backward, like ZeRO stage 2; 1, the default: frees them, stage 3) for ``fsdp``. A variant also
 counts DDP's bucket all-reduces (a communication hook that calls the default one). Variants are timed,
 not profiled. Several strategies in one launch are trained one after the other (losses, memory), then
-timed again in turns (``--turns``, :func:`time_in_turns`): those are the step times they are compared by.
+timed again in turns (``--turns``, :func:`time_runs_in_turns`): those are the step times they are compared by.
 
 Each rank measures what ``tinyllama.harness.bench`` measures on one GPU (step time and its phases, tokens/s,
 memory), after a correctness check and warm-up; rank 0 gathers every rank's figures and adds the
@@ -79,7 +79,7 @@ from tinyllama.harness.cli import (
 )
 from tinyllama.harness.process_group import DistContext
 from tinyllama.models import VERSIONS, build
-from tinyllama.timing import Stats, summarize
+from tinyllama.timing import Stats, summarize, time_in_turns
 from tinyllama.training import DATA_PHASES, TrainingStep, configure_determinism
 
 STRATEGIES = ("ddp", "fsdp", "fsdp-fp32", "zero1")
@@ -716,7 +716,7 @@ def profile_communication(result: DistributedResult, *, batch_size: int | None =
 
 
 def fits_side_by_side(results: Sequence[DistributedResult], device: torch.device) -> bool:
-    """Whether every run of ``results`` fits on ``device`` at once, for :func:`time_in_turns`: their
+    """Whether every run of ``results`` fits on ``device`` at once, for :func:`time_runs_in_turns`: their
     memory between steps added up, plus the largest rise within a step, under 90% of the device's memory
     (from the ranks' own figures, the same on every rank: every rank decides alike). Always on the CPU."""
     total = dev.memory_stats(device).total_bytes
@@ -726,7 +726,7 @@ def fits_side_by_side(results: Sequence[DistributedResult], device: torch.device
     return total is None or (sum(rests) + max(rises, default=0.0)) * 2**20 < 0.9 * total
 
 
-def time_in_turns(results: Sequence[DistributedResult], *, rounds: int = 10, per_turn: int = 2, seed: int = 0,
+def time_runs_in_turns(results: Sequence[DistributedResult], *, rounds: int = 10, per_turn: int = 2, seed: int = 0,
                   device: torch.device | str | None = None, dataset: Dataset | None = None,
                   model_options: dict[str, Any] | None = None, progress: bool = True,
                   **config_overrides: Any) -> None:
@@ -737,8 +737,6 @@ def time_in_turns(results: Sequence[DistributedResult], *, rounds: int = 10, per
     Timed one after the other, the same variants' verdicts flipped between two runs on two H200s
     (2026-11-27). The first training of each run still gives its losses, memory and phases. Every rank
     calls it with the same runs."""
-    from tinyllama.timing import time_in_turns as time_calls
-
     ctx = process_group.current()
     calls = {}
     for result in results:
@@ -750,9 +748,9 @@ def time_in_turns(results: Sequence[DistributedResult], *, rounds: int = 10, per
         calls[str(len(calls))] = (lambda step=run.step, source=source, n=result.accumulation_steps:
                                   step.accumulate(source, n))
         device = run.device
-    samples = time_calls(calls, device, rounds=rounds, per_turn=per_turn,
-                         warmup=max(result.warmup_steps for result in results),
-                         progress=(lambda r: progress_bar(r, "in turns")) if progress and ctx.is_main else None)
+    samples = time_in_turns(calls, device, rounds=rounds, per_turn=per_turn,
+                            warmup=max(result.warmup_steps for result in results),
+                            progress=(lambda r: progress_bar(r, "in turns")) if progress and ctx.is_main else None)
     del calls
     dev.free_memory(device)
     every_rank = process_group.gather(samples, ctx)
@@ -889,9 +887,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--strategy", nargs="+", default=["ddp"],
                         help=f"{', '.join(STRATEGIES)} (FSDP2: fully_shard; zero1: DDP with ZeroRedundancyOptimizer), "
-                             "or several, trained one after the other in the same processes, then timed in turns (--turns; default "
-                             "ddp); a variant "
-                             "as BASE:key=value,...: ddp:bucket_cap_mb=5, ddp:accumulate=4,no_sync=1, "
+                             "or several (default ddp), trained one after the other in the same processes, then timed in "
+                             "turns (--turns); a variant as BASE:key=value,...: ddp:bucket_cap_mb=5, ddp:accumulate=4,no_sync=1, "
                              "fsdp:reshard_after_forward=0 (variants are timed, not profiled)")
     add_model_arguments(parser, VERSIONS)
     add_problem_size_arguments(parser)
@@ -964,7 +961,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dev.free_memory(device)
         if args.turns and len(results) > 1:
             if fits_side_by_side(results, device):
-                time_in_turns(results, rounds=args.turns, seed=args.seed, device=device, model_options=options,
+                time_runs_in_turns(results, rounds=args.turns, seed=args.seed, device=device, model_options=options,
                               progress=not args.quiet, **shape_overrides(args))
             else:
                 say("the strategies do not fit on the device all at once: each one's step times are those of its "

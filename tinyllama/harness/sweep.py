@@ -87,6 +87,13 @@ def evaluate(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch
     return total / len(batches)
 
 
+def _step_columns(stats: Stats) -> dict[str, float]:
+    """A row's step-time columns (what :func:`step_band` reads back) from the step times' :class:`Stats`."""
+    return {"step_ms": stats.median, "step_ms_p10": stats.p10, "step_ms_p90": stats.p90,
+            "step_ms_median_low": stats.median_low, "step_ms_median_high": stats.median_high,
+            "step_ms_p10_low": stats.p10_low, "step_ms_p10_high": stats.p10_high}
+
+
 def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: int = 2, lr: float = 1e-3,
                seed: int = 0, device: torch.device | str | None = None, eval_batches: int = 4,
                eval_batch_size: int = 8) -> dict[str, Any]:
@@ -120,9 +127,7 @@ def run_config(config: RunConfig, corpus: Corpus, *, steps: int, warmup_steps: i
         peaks = allocator_peaks(device)  # read before the evaluation allocates anything
         held_out = validation_batches(corpus, config.seq_len, eval_batch_size, eval_batches)
         row.update({
-            "step_ms": result.step_ms.median, "step_ms_p10": result.step_ms.p10, "step_ms_p90": result.step_ms.p90,
-            "step_ms_median_low": result.step_ms.median_low, "step_ms_median_high": result.step_ms.median_high,
-            "step_ms_p10_low": result.step_ms.p10_low, "step_ms_p10_high": result.step_ms.p10_high,
+            **_step_columns(result.step_ms),
             "data_ms": result.data_ms.median if result.data_ms else math.nan,
             "forward_ms": result.forward_ms.median, "backward_ms": result.backward_ms.median,
             "optimizer_ms": result.optimizer_ms.median, "tokens_per_s": result.tokens_per_s,
@@ -218,9 +223,7 @@ def run_sweep(configs: Sequence[RunConfig], corpus: Corpus, *, steps: int, warmu
         for config, row in zip(configs, rows):
             if config.name in times:
                 stats = times[config.name]
-                row.update({"step_ms": stats.median, "step_ms_p10": stats.p10, "step_ms_p90": stats.p90,
-                            "step_ms_median_low": stats.median_low, "step_ms_median_high": stats.median_high,
-                            "step_ms_p10_low": stats.p10_low, "step_ms_p10_high": stats.p10_high,
+                row.update({**_step_columns(stats),
                             "tokens_per_s": config.effective_batch * config.seq_len / (stats.median / 1e3)})
     return pd.DataFrame(rows)
 
