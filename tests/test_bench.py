@@ -11,7 +11,16 @@ import torch
 from tinyllama.config import get_preset
 from tinyllama.correctness import CorrectnessError, check_every_parameter_trained
 from tinyllama.costs.flops import counted_training_flops, training_flops
-from tinyllama.harness.bench import BenchmarkError, TrainingStep, main, make_batches, run_benchmark
+from tinyllama.harness.bench import (
+    BenchmarkError,
+    NoRoomForTurns,
+    TrainingStep,
+    TurnRun,
+    main,
+    make_batches,
+    run_benchmark,
+    time_steps_in_turns,
+)
 from tinyllama.models import build, lm_loss
 
 
@@ -151,3 +160,29 @@ def test_the_command_line_trains_on_text_with_accumulation_and_checkpointing(cap
     out = capsys.readouterr().out
     assert "x 2 micro-batches (effective batch 4)" in out and "checkpointing" in out and "data: DataLoader" in out
     assert "data " in out and "ms | forward" in out
+
+
+def test_steps_in_turns_give_every_run_rounds_times_per_turn_samples():
+    config = get_preset("ci").model
+    batches = make_batches(config, 2, 16, count=2, device="cpu")
+    torch.manual_seed(0)
+    runs = {"v1": TurnRun(build("v1", config), "fp32"), "v2": TurnRun(build("v2", config), "fp32")}
+    times = time_steps_in_turns(runs, batches, "cpu", rounds=3, per_turn=2, warmup_steps=1)
+    assert list(times) == ["v1", "v2"] and [s.n for s in times.values()] == [6, 6]
+    assert all(s.median > 0 for s in times.values())
+
+
+def test_steps_in_turns_that_run_out_of_memory_say_so_instead_of_a_traceback(monkeypatch):
+    config = get_preset("ci").model
+    batches = make_batches(config, 2, 16, count=1, device="cpu")
+    model = build("v1", config)
+
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(model, "forward", no_memory)
+    with pytest.raises(NoRoomForTurns, match="out of memory with every run"):
+        time_steps_in_turns({"a": TurnRun(build("v1", config), "fp32"), "b": TurnRun(model, "fp32")}, batches, "cpu",
+                            rounds=1, warmup_steps=1)
+    with pytest.raises(ValueError, match="rounds and per_turn"):
+        time_steps_in_turns({"a": TurnRun(model, "fp32")}, batches, "cpu", rounds=0)

@@ -11,6 +11,7 @@ from conftest import GPU
 matplotlib.use("Agg")
 
 from tinyllama.config import get_preset  # noqa: E402
+from tinyllama.harness import bench  # noqa: E402
 from tinyllama.harness import compare as cmp  # noqa: E402
 from tinyllama.models import build, v2_fused  # noqa: E402
 
@@ -181,6 +182,59 @@ def test_every_run_starts_from_a_fresh_compiler_cache(monkeypatch):
     assert len(resets) == 2
 
 
+def test_runs_that_passed_are_timed_again_in_turns_and_those_times_are_reported(monkeypatch):
+    # The turns' samples (made up here, one figure per run) must become the runs' step times and every figure
+    # derived from them; a run that failed its check is neither rebuilt nor timed.
+    def no_rotary_on_k(self, x):
+        q, k, v = v2_fused.v1.Attention.project_qkv(self, x)
+        return q, self.split_heads(self.k_proj(x), self.num_kv_heads), v
+
+    monkeypatch.setattr(v2_fused.FusedAttention, "project_qkv", no_rotary_on_k)
+    timed = {}
+
+    def fake_turns(calls, device, *, rounds, per_turn, warmup):
+        for name, call in calls.items():
+            call()  # each is a training step of its own model
+        timed.update(names=list(calls), rounds=rounds, per_turn=per_turn)
+        return {name: [10.0 * (i + 1)] * (rounds * per_turn) for i, name in enumerate(calls)}
+
+    monkeypatch.setattr(bench, "time_in_turns", fake_turns)
+    runs = ["v1:fp32", "v2[fuse_qkv=0]:fp32", "v1:tf32"]
+    out = cmp.compare(runs, "ci", num_steps=2, warmup_steps=1, device="cpu", progress=False, gemm_counts=False,
+                      turns=3, ceilings={"tf32": 0.5})
+    assert timed == {"names": ["v1:fp32", "v1:tf32"], "rounds": 3, "per_turn": 2}
+    v1, v2 = _row(out, "v1:fp32"), _row(out, "v1:tf32")
+    assert (v1["step_ms_median"], v2["step_ms_median"], v2["step_ms_n"]) == (10.0, 20.0, 6)
+    assert v2["speedup"] == pytest.approx(0.5)
+    assert v2["tokens_per_s"] == pytest.approx(v2["batch_size"] * v2["seq_len"] / 0.020)
+    assert v2["mfu_measured"] == pytest.approx(v2["flops_per_step"] / 0.020 / 1e12 / 0.5)
+    assert out.record["timed_in_turns"] == 3 and "3 rounds in turns" in str(out)
+    assert "step_ms_median" not in _row(out, "v2[fuse_qkv=0]:fp32")
+
+
+def test_turns_time_each_run_rounds_times_steps_per_turn_on_the_cpu():
+    out = cmp.compare(["v1:fp32", "v2:fp32"], "ci", num_steps=3, warmup_steps=1, device="cpu", progress=False,
+                      gemm_counts=False, turns=2, steps_per_turn=2)
+    assert [r["step_ms_n"] for r in out.runs] == [4, 4]
+    assert out.record["timed_in_turns"] == 2 and out.record["steps_per_turn"] == 2
+
+
+def test_runs_that_do_not_fit_at_once_keep_their_own_timing_and_say_so(monkeypatch, capsys):
+    # A device of 1 GiB already holding 1 GiB: no run can be added beside the others.
+    full = cmp.dev.MemoryStats(current_bytes=2**30, peak_bytes=None, reserved_bytes=None, total_bytes=2**30)
+    monkeypatch.setattr(cmp.dev, "memory_stats", lambda device=None: full)
+    out = cmp.compare(["v1:fp32", "v2:fp32"], "ci", num_steps=3, warmup_steps=1, device="cpu", progress=True,
+                      gemm_counts=False, turns=2)
+    assert [r["step_ms_n"] for r in out.runs] == [3, 3] and out.record["timed_in_turns"] == 0
+    assert "not timed in turns" in capsys.readouterr().out and "rounds in turns" not in str(out)
+
+
+@pytest.mark.parametrize("options", [{"turns": -1}, {"turns": 2, "steps_per_turn": 0}])
+def test_bad_turns_are_refused_before_any_run(options):
+    with pytest.raises(ValueError, match="turns must be 0"):
+        cmp.compare(["v1:fp32", "v2:fp32"], "ci", device="cpu", progress=False, **options)
+
+
 # ------------------------------------------------------------------------------------------------
 # Saving and regressions
 # ------------------------------------------------------------------------------------------------
@@ -275,6 +329,7 @@ def test_command_line_records_and_compares_with_a_baseline(tmp_path, capsys):
     (["--runs", "v1", "--baseline", "/nonexistent.json"], "does not exist"),
     (["--runs", "v1", "--ceiling", "bf16=fast"], "not a number"),
     (["--runs", "v1", "--preset", "huge"], "unknown preset"),
+    (["--runs", "v1", "--turns", "-1"], "turns must be 0"),
 ])
 def test_command_line_bad_input_is_one_line(args, message, capsys):
     assert cmp.main(args + ["--quiet", "--device", "cpu"]) == 2

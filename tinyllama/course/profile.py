@@ -89,6 +89,9 @@ class Profile:
     versions_batch_size: int
     versions_seq_len: int
     versions_steps: int
+    # 12_fusion and 17_version_comparison: rounds of timing in turns (two steps a run each) after each run's
+    # own timing (tinyllama.harness.compare's turns), where the runs fit on the device at once.
+    compare_rounds: int
     # 20_finetuning_lab: the model preset and bytes of standard-library text, optimizer steps per
     # configuration (timed; the loss after them is the convergence check) and untimed warm-up steps,
     # the learning rate, the sequence length and the shorter one of the sequence phase, the effective
@@ -193,6 +196,7 @@ PROFILES: dict[str, Profile] = {
         versions_batch_size=16,
         versions_seq_len=512,
         versions_steps=20,
+        compare_rounds=15,
         # 20_finetuning_lab (about 10 configurations of the small model, each 100 steps)
         lab_preset="small",
         lab_corpus_bytes=8 * 2**20,
@@ -284,6 +288,7 @@ PROFILES: dict[str, Profile] = {
         versions_batch_size=1,
         versions_seq_len=12,
         versions_steps=2,
+        compare_rounds=2,
         # 20_finetuning_lab: the ci model on 1 MiB of text, a few steps per configuration
         lab_preset="ci",
         lab_corpus_bytes=2**20,

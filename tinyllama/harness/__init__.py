@@ -13,7 +13,7 @@ from tinyllama import lazy_exports
 # What notebooks import from this package beyond the names above, and the module that holds each: imported on
 # first use (tinyllama.lazy_exports), so importing the package stays cheap and a module can move with one line here.
 _LAZY: dict[str, str] = {
-    "run_benchmark": ".bench",
+    "run_benchmark": ".bench", "NoRoomForTurns": ".bench", "TurnRun": ".bench", "time_steps_in_turns": ".bench",
     "compare_versions": ".compare:compare",  # the function; ``compare`` is its module
     "check_parity": ".comparison.parity", "forward_backward": ".comparison.parity",
     "l2_relative_error": ".comparison.parity", "reference_answer": ".comparison.parity",

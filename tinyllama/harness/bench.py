@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ from tinyllama.harness.cli import (
 )
 from tinyllama.models import VERSIONS, build
 from tinyllama.models.weights import unwrap
-from tinyllama.timing import PhaseTimer, Stats, summarize
+from tinyllama.timing import PhaseTimer, Stats, summarize, time_in_turns
 
 # The training step lives in tinyllama.training; these names stay importable from here.
 from tinyllama.training import (
@@ -54,7 +54,8 @@ from tinyllama.training import (
     replays_step,
 )
 
-__all__ = ["BenchResult", "BenchmarkError", "GraphedTrainingStep", "TrainingStep", "main", "make_batches",
+__all__ = ["BenchResult", "BenchmarkError", "GraphedTrainingStep", "NoRoomForTurns", "TrainingStep", "TurnRun", "main",
+           "make_batches", "time_steps_in_turns",
            "run_benchmark"]
 
 
@@ -269,6 +270,78 @@ def run_benchmark(
         accumulation_steps=accumulation_steps, gradient_checkpointing=bool(getattr(unwrap(model), "checkpointed_layers", ())),
         data_source="fixed random batches" if loader is None else type(loader).__name__,
     )
+
+
+class TurnRun(NamedTuple):
+    """One run of :func:`time_steps_in_turns`: a model with its weights, the precision of its steps, whether
+    they are replayed from CUDA graphs, and (where known) its peak memory timed alone, in MiB."""
+
+    model: nn.Module
+    precision: str
+    cuda_graph: bool = False
+    peak_memory_mib: float | None = None
+
+
+class NoRoomForTurns(BenchmarkError):
+    """The runs do not fit on the device at once: time them one after the other instead."""
+
+
+# Runs are timed in turns only where all of them, and the largest step's rise above them, stay under this
+# share of the device's memory: the rest is the allocator's and the compiler's margin.
+TURNS_MEMORY_SHARE = 0.9
+
+
+def time_steps_in_turns(runs: Mapping[str, TurnRun], batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                        device: torch.device | str | None = None, *, rounds: int = 10, per_turn: int = 2,
+                        warmup_steps: int = 3, lr: float = 3e-4) -> dict[str, Stats]:
+    """The training-step times of several models, timed in turns (:func:`tinyllama.timing.time_in_turns`):
+    each run gets its own training step (replayed from CUDA graphs where asked) and ``warmup_steps`` steps
+    (compilation, capture, the allocator's growth), then each of ``rounds`` rounds gives every run
+    ``per_turn`` steps on ``batches``, in an order that rotates. Whatever the host does meanwhile falls on all
+    runs alike, so their ratios do not follow its drift, as those of runs timed minutes apart do.
+
+    Every run lives on the device at once. A run is added only where the memory already held plus its
+    ``peak_memory_mib`` fits, and the turns start only where all runs plus the largest rise of one step above
+    its memory between steps fit (under :data:`TURNS_MEMORY_SHARE` of the device); else, or where the device
+    runs out of memory anyway, :class:`NoRoomForTurns` says why, with the device's memory given back."""
+    if rounds < 1 or per_turn < 1:
+        raise ValueError(f"rounds and per_turn must be at least 1 (got {rounds}, {per_turn})")
+    device = dev.get_device(None if device is None else str(device))
+    if any(run.cuda_graph for run in runs.values()):
+        check_cuda_graph(device, warmup_steps)
+    total = dev.memory_stats(device).total_bytes
+    limit = None if total is None else TURNS_MEMORY_SHARE * total
+    calls: dict[str, Any] = {}
+    rises = [0.0]
+    try:
+        for label, run in runs.items():
+            held = dev.memory_stats(device).current_bytes
+            peak = (run.peak_memory_mib or 0.0) * 2**20
+            if limit is not None and held + peak > limit:
+                raise NoRoomForTurns(f"{label} needs up to {peak / 2**30:.1f} GiB beside the {held / 2**30:.1f} GiB "
+                                     f"the runs before it hold, on {dev.device_name(device)}")
+            step = (GraphedTrainingStep if run.cuda_graph else TrainingStep)(run.model.train(), run.precision, device,
+                                                                            lr=lr)
+            source = itertools.cycle(batches)
+            for _ in range(warmup_steps):
+                step.accumulate(source, 1)
+            dev.synchronize(device)
+            if held is not None:
+                rises.append(peak - (dev.memory_stats(device).current_bytes - held))
+            calls[label] = (lambda step=step, source=source: step.accumulate(source, 1))
+        if limit is not None and dev.memory_stats(device).current_bytes + max(rises) > limit:
+            raise NoRoomForTurns(f"the largest step does not fit beside every run's memory on {dev.device_name(device)}")
+        samples = time_in_turns(calls, device, rounds=rounds, per_turn=per_turn, warmup=0)
+    except Exception as error:  # noqa: BLE001 - running out of memory becomes NoRoomForTurns, the rest re-raised
+        if isinstance(error, NoRoomForTurns):
+            raise
+        if not dev.is_out_of_memory(error):
+            raise
+        raise NoRoomForTurns(f"out of memory with every run on {dev.device_name(device)} at once") from None
+    finally:
+        calls.clear()
+        dev.free_memory(device)
+    return {label: summarize(ms) for label, ms in samples.items()}
 
 
 def endless(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

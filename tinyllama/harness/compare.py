@@ -10,7 +10,12 @@ For each run, in order:
    gradient; a run at another precision is also checked at that precision, with a looser tolerance.
    A run that fails is not timed;
 3. it is timed by the training benchmark (``tinyllama.harness.bench``) on batches shared by all runs;
-4. after every run was timed, the profiler counts each run's matrix-multiply (GEMM) launches in one
+4. with ``turns`` (``--turns``), every run that passed is built again and all of them are timed **in
+   turns** (``tinyllama.harness.bench.time_steps_in_turns``: each round gives every run a few steps, in an order that
+   rotates), where they fit on the device at once: whatever the host does meanwhile falls on all runs
+   alike, so their ratios do not follow the host's drift. Those are then the step times, tokens/s and
+   MFU of the record; the forward / backward / optimizer split and the peak memory stay those of step 3;
+5. after every run was timed, the profiler counts each run's matrix-multiply (GEMM) launches in one
    training step (the evidence that a fusion really replaced several products by one), in a process
    of its own: a profiler session slows every later launch in the process that ran it.
 
@@ -37,7 +42,7 @@ from torch import nn
 from tinyllama import device as dev
 from tinyllama.config import PRECISIONS, BenchmarkError, resolve_config
 from tinyllama.correctness import CorrectnessError
-from tinyllama.harness.bench import run_benchmark
+from tinyllama.harness.bench import NoRoomForTurns, TurnRun, run_benchmark, time_steps_in_turns
 from tinyllama.harness.cli import add_problem_size_arguments, add_run_arguments, say, shape_overrides, wide_tables
 from tinyllama.harness.comparison.parity import TOLERANCES, ParityCheck, Reference, check_parity, reference_answer
 from tinyllama.harness.comparison.profiles import profile_runs
@@ -69,6 +74,8 @@ def compare(
     profile_runs: Sequence[str] = (),
     profile_top: int = 15,
     ceilings: dict[str, float] | None = None,
+    turns: int = 0,
+    steps_per_turn: int = 2,
     progress: bool = True,
     **config_overrides: Any,
 ) -> Comparison:
@@ -79,8 +86,11 @@ def compare(
     ``profile_runs``: labels of runs whose top operations are recorded (``profile_top`` rows).
     ``ceilings``: measured matmul TFLOP/s per precision (``tinyllama.costs.ceilings``); the MFU of a run is
     also given against the ceiling of its precision. Speed-ups are against the first V1 fp32 run
-    (else the first V1 run, else the first run).
+    (else the first V1 run, else the first run). ``turns``: rounds of timing in turns after the runs
+    (``steps_per_turn`` steps a run each round); 0 keeps each run's own timing.
     """
+    if turns < 0 or steps_per_turn < 1:
+        raise ValueError(f"turns must be 0 (off) or more and steps_per_turn at least 1 (got {turns}, {steps_per_turn})")
     specs = expand_runs(runs)
     device = dev.get_device(None if device is None else str(device))
     graphed = [s.label for s in specs if s.cuda_graph]  # explicitly asked for; a version's default adapts
@@ -128,6 +138,10 @@ def compare(
         del model
         dev.free_memory(device)
 
+    rounds_in_turns = 0
+    if turns and sum(row["check"] == "passed" for row in rows) > 1:
+        rounds_in_turns = _retime_in_turns(specs, rows, config, weights, batches, device, turns, steps_per_turn,
+                                           warmup_steps, progress)
     profiles = _profile_timed_runs(specs, rows, config, weights, batches[0], device, gemm_counts, profile_labels,
                                    profile_top, progress)
     _add_ratios(rows, ceilings or {})
@@ -136,7 +150,8 @@ def compare(
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": dev.device_name(device), "environment": dev.environment_summary(device),
         "preset": preset, "config": config.to_dict(), "batch_size": batch_size, "seq_len": seq_len,
-        "num_steps": num_steps, "warmup_steps": warmup_steps, "seed": seed,
+        "num_steps": num_steps, "warmup_steps": warmup_steps, "seed": seed, "timed_in_turns": rounds_in_turns,
+        "steps_per_turn": steps_per_turn if rounds_in_turns else 0,
         "ceilings_tflops": dict(ceilings or {}), "baseline_run": _baseline_label(rows),
         "runs": rows, "profiles": profiles,
     }
@@ -168,6 +183,43 @@ def _profile_timed_runs(specs: Sequence[RunSpec], rows: list[dict[str, Any]], co
         if "profile" in answer:
             profiles[row["label"]] = answer["profile"]
     return profiles
+
+
+def _retime_in_turns(specs: Sequence[RunSpec], rows: list[dict[str, Any]], config: Any,
+                     weights: dict[str, torch.Tensor], batches: list[tuple[torch.Tensor, torch.Tensor]],
+                     device: torch.device, rounds: int, per_turn: int, warmup_steps: int, progress: bool) -> int:
+    """Build every run that passed again (V1's weights, the same batches) and time them all in turns
+    (``bench.time_steps_in_turns``); put those step times, tokens/s and MFU into their rows. Where they do not
+    fit on the device at once, every run keeps its own timing and this says so. Returns the rounds timed (0
+    where they did not fit)."""
+    passed = [(spec, row) for spec, row in zip(specs, rows) if row["check"] == "passed"]
+    say(f"timing the {len(passed)} runs in turns: {rounds} rounds of {per_turn} steps each", progress)
+    torch._dynamo.reset()  # once, before the builds: a reset between them would recompile the earlier ones mid-turn
+    runs = {}
+    for spec, row in passed:
+        with device:
+            model = build(spec.version, config, **spec.model_options)
+        unwrap(model).load_state_dict(from_canonical(model, weights))
+        runs[spec.label] = TurnRun(model, spec.precision, bool(row["cuda_graph"]), row.get("peak_memory_mib"))
+    try:
+        times = time_steps_in_turns(runs, batches, device, rounds=rounds, per_turn=per_turn, warmup_steps=warmup_steps)
+    except NoRoomForTurns as reason:
+        say(f"  not timed in turns ({reason}): each run's step times are its own, one after the other; compare "
+            "fewer runs at a time for ratios that do not follow the host's drift", progress)
+        return 0
+    finally:
+        runs.clear()
+        dev.free_memory(device)
+    for spec, row in passed:
+        stats = times[spec.label]
+        row.update(stats.as_dict(prefix="step_ms_"))
+        step_s = stats.median / 1e3
+        row["tokens_per_s"] = row["batch_size"] * row["seq_len"] / step_s
+        row["samples_per_s"] = row["batch_size"] / step_s
+        row["achieved_tflops"] = row["flops_per_step"] / step_s / 1e12
+        row["mfu"] = row["achieved_tflops"] / row["peak_tflops"] if row.get("peak_tflops") else None
+        say(f"  {spec.label}: {stats.median:.2f} ms/step in turns (p10 {stats.p10:.2f}, p90 {stats.p90:.2f})", progress)
+    return rounds
 
 
 def _oom_advice(batch_size: int) -> str:
@@ -295,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="runs to compare (see below); default: v1:fp32 v2:fp32 v4")
     add_problem_size_arguments(parser)
     add_run_arguments(parser, per=" per run", result="record")
+    parser.add_argument("--turns", type=int, default=10, metavar="ROUNDS",
+                        help="after timing each run, time them all again in turns where they fit on the device at "
+                             "once, ROUNDS rounds of 2 steps each in a rotating order, so that the host's drift falls "
+                             "on all alike; those are the step times reported (0: each run's own steps; default 10)")
     parser.add_argument("--no-gemm-count", action="store_true", help="skip the profiler's GEMM count per run")
     parser.add_argument("--profile", nargs="*", default=[], metavar="SPEC",
                         help="record the profiler's top operations of these runs")
@@ -336,8 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = compare(
             specs, args.preset, batch_size=args.batch_size, seq_len=args.seq_len, num_steps=args.num_steps,
             warmup_steps=args.warmup_steps, seed=args.seed, device=args.device,
-            gemm_counts=not args.no_gemm_count, profile_runs=profile, ceilings=ceilings, progress=progress,
-            **shape_overrides(args),
+            gemm_counts=not args.no_gemm_count, profile_runs=profile, ceilings=ceilings, turns=args.turns,
+            progress=progress, **shape_overrides(args),
         )
     except (ValueError, BenchmarkError, dev.DeviceUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -59,7 +59,8 @@ class Comparison:
     def __str__(self) -> str:
         r = self.record
         head = (f"{r['device']} | torch {r['environment']['torch']} | {r['date']} | preset {r['preset']}, "
-                f"batch {r['batch_size']} x seq {r['seq_len']} | speed-up vs {r['baseline_run']}")
+                f"batch {r['batch_size']} x seq {r['seq_len']} | speed-up vs {r['baseline_run']}"
+                + (f" | step times from {r['timed_in_turns']} rounds in turns" if r.get("timed_in_turns") else ""))
         with wide_tables():
             body = self.table().to_string(float_format=lambda x: f"{x:,.2f}")
         notes = [f"{run['label']}: NOT TIMED - {run['check_message']}" for run in self.runs
