@@ -204,6 +204,7 @@ def test_spreads_recorded_from_stats_and_bands_line_up(tmp_path, monkeypatch):
     ("10_tinyllama_baseline", "tf32_speedup", drift.HOST_SENSITIVE),
     ("21_distributed_training", "step_ms_fsdp", drift.HOST_SENSITIVE),
     ("21_distributed_training", "communication_ms_ddp", drift.HOST_SENSITIVE),
+    ("21_distributed_training", "transfer_ms_ddp", drift.HOST_SENSITIVE),  # overlaps the backward: moves with it
     ("20_finetuning_lab", "final_step_ms", drift.HOST_SENSITIVE),
     ("19_results_and_wrap_up", "most_different_figure", drift.RUN_SPECIFIC),
 ])
@@ -219,7 +220,8 @@ def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, k
     ("16_sdpa_and_compile", "compile_pays_off_default"),  # a verdict
     ("20_finetuning_lab", "kept_changes"),
     ("20_finetuning_lab", "final_peak_mib"),      # follows the kept changes, which must agree
-    ("21_distributed_training", "transfer_ms_ddp"),  # the transfer after the later rank arrived
+    ("21_distributed_training", "transfer_ms_fsdp"),  # the transfer after the later rank arrived
+    ("21_distributed_training", "plain_all_reduce_busbw_gbs"),  # the link itself
     ("04_flops_profiler", "achieved_tflops_batch32"),  # device-bound from batch 32 on
     ("10_tinyllama_baseline", "fp32_step_ms"),
     ("22_generation", "decode_ms_cache_graph"),    # graph replays: the device's own time

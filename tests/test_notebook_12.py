@@ -104,9 +104,24 @@ def test_host_share_and_fusion_effects():
     record = {"runs": [_row(fusion_label("none"), 57, 10.0, 9.9, 10.1), _row(fusion_label("qkv"), 45, 9.0, 8.9, 9.1),
                        _row(fusion_label("gate_up"), 51, 11.0, 10.9, 11.1), _row(fusion_label("both"), 39, 10.0, 9.5, 10.5)]}
     effects = fusion_effects(record, [("fp32", False), ("bf16", True)]).set_index("fusion")
-    assert list(effects["verdict"]) == ["faster beyond the spread", "slower beyond the spread", "within the spread"]
+    # Rows without the medians' intervals (older records) are decided on the p10-p90 bands.
+    assert list(effects["verdict"]) == ["faster", "slower", "within noise"]
     assert effects.loc["qkv", "speedup"] == pytest.approx(10 / 9)
+    assert (effects.loc["qkv", "speedup_low"], effects.loc["qkv", "speedup_high"]) == pytest.approx((9.9 / 9.1, 10.1 / 8.9))
     assert effects.loc["qkv", "gemm_ops_fused"] == 45
+
+
+def test_fusion_effects_decide_on_the_medians_intervals_where_recorded():
+    # A 4% gain whose single steps scatter by 20% (the bands overlap) but whose medians are known to 1%: faster.
+    def timed(label, median):
+        return {**_row(label, 0, median, 0.9 * median, 1.1 * median),
+                "step_ms_median_low": 0.995 * median, "step_ms_median_high": 1.005 * median}
+
+    record = {"runs": [timed(fusion_label("none"), 10.0), timed(fusion_label("qkv"), 9.6),
+                       timed(fusion_label("gate_up"), 10.4), timed(fusion_label("both"), 10.02)]}
+    effects = fusion_effects(record, [("fp32", False)]).set_index("fusion")
+    assert list(effects["verdict"]) == ["faster", "slower", "within noise"]
+    assert effects.loc["qkv", "speedup_low"] == pytest.approx(9.95 / (1.005 * 9.6))
 
 
 def test_time_samples_gives_one_sample_per_repeat():

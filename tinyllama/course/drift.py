@@ -131,6 +131,12 @@ LABELS: tuple[Label, ...] = (
     Label("21_*", "tokens_per_s_*", "from the eager steps (see step_ms_*)"),
     Label("21_*", "scaling_efficiency_*", "from the eager steps (see step_ms_*)"),
     Label("21_*", "baseline_tokens_per_s", "one GPU's eager steps of the medium model: part host (see 17's step_ms_v*)"),
+    # DDP's bucket all-reduces run beside the backward's kernels and share the GPU with them. In the same two runs
+    # the plain all-reduce's bus bandwidth agreed within 0.5% and FSDP2's transfers within 0.1%: the link is not
+    # what moved.
+    Label("21_*", "transfer_ms_ddp", "DDP's all-reduces overlap the backward's kernels and move with that overlap from "
+                                     "process to process: 3.63 and 4.12 ms in two runs at once on one H200 machine "
+                                     "(2026-11-27), each within 0.6% over its own profiled steps"),
     Label("21_*", "communication_ms_*", "the transfer plus the wait for the later rank: the wait is the skew between "
                                         "the ranks' hosts (the transfer alone, transfer_ms_*, is compared)"),
     Label("19_*", "most_different_figure", "which stored figure differs most from this run's: follows the run's "
