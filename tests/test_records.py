@@ -46,3 +46,14 @@ def test_every_markdown_table_is_written_one_way():
     assert markdown_table(frame, digits=4).splitlines()[2:] == [
         "| v1    | 12.35 |    123,457 |       8 |   45.1% |           |",
         "| a\\|b  |       |      999.7 |      16 |       - | two lines |"]
+
+
+def test_appended_records_keep_their_text_as_written(tmp_path):
+    # Records name operators and devices with non-ASCII signs ("64x3x7x7 · 64"): an append must not rewrite the
+    # earlier records as escapes, or every append shows as a change to all of them.
+    path = tmp_path / "runs.json"
+    append_json(path, [{"layer": "aten::convolution 64x3 · 64x3"}])
+    append_json(path, [{"layer": "second"}])
+    text = path.read_text(encoding="utf-8")
+    assert "64x3 · 64x3" in text and "\\u00b7" not in text
+    assert [r["layer"] for r in load_json(path)] == ["aten::convolution 64x3 · 64x3", "second"]

@@ -40,7 +40,7 @@ def load_json(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not path.exists() or not path.stat().st_size:
         return []
     try:
-        records = json.loads(path.read_text())
+        records = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ResultsFileError(f"{path} exists but is not valid JSON ({error}); choose another file") from None
     if not isinstance(records, list):
@@ -59,8 +59,8 @@ def append_json(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(existing, f, indent=1, default=str)
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            json.dump(existing, f, indent=1, default=str, ensure_ascii=False)
             f.write("\n")
         os.replace(temporary, path)
     except BaseException:
