@@ -163,3 +163,20 @@ def test_time_in_turns_refuses_what_it_cannot_time():
         timing.time_in_turns({"a": lambda: None}, "cpu", rounds=0)
     with pytest.raises(ValueError, match="nothing to time"):
         timing.time_in_turns({}, "cpu")
+
+
+def test_graph_replay_needs_a_gpu_and_says_what_to_do_instead():
+    with pytest.raises(RuntimeError, match="needs a GPU.*time the calls themselves"):
+        timing.graph_replay(lambda: None, "cpu")
+
+
+@pytest.mark.gpu
+def test_graph_replay_repeats_the_captured_work_and_refuses_a_call_that_waits_for_the_host():
+    x = torch.zeros(1000, device="cuda")
+    replay = timing.graph_replay(lambda: x.add_(1), "cuda")  # one call outside, one captured
+    replay()
+    replay()
+    torch.cuda.synchronize()
+    assert x[0].item() == 3  # the call outside the graph, then two replays (capturing runs nothing)
+    with pytest.raises(RuntimeError, match="could not be captured.*time_callable"):
+        timing.graph_replay(lambda: x.sum().item(), "cuda")

@@ -7,6 +7,7 @@ work with a monotonic clock; both after warm-up, repeated, and summarised by med
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -382,6 +383,31 @@ def time_callable(fn: Callable[[], object], device: torch.device | str | None = 
                   repeat: int = 10, min_time_s: float = 0.0) -> Stats:
     """:func:`time_samples` of ``fn()`` (one call a sample), summarised: milliseconds per call."""
     return summarize(time_samples(fn, device, warmup, repeat, min_time_s=min_time_s))
+
+
+def graph_replay(run: Callable[[], object], device: torch.device | str | None = None,
+                 stream: torch.cuda.Stream | None = None) -> Callable[[], None]:
+    """``run`` captured once in a CUDA (HIP) graph, after one call outside it (capture needs its kernels
+    compiled and its memory allocated first); returns the graph's replay. A replay launches every captured
+    kernel at once, without Python, so its time is the device's own: the one way the course times GPU work
+    without the host's launches (a kernel's device time, a step's in ``tinyllama.training``). ``stream``: the
+    stream to capture on (default: a private one of ``torch.cuda.graph``); give the stream earlier work ran
+    on where the captured calls depend on it (a backward on its forward's). Raises ``RuntimeError`` naming
+    the cause where ``run`` cannot be captured (it waits for the host, or needs a GPU)."""
+    device = dev.get_device(None if device is None else str(device))
+    if device.type != "cuda":
+        raise RuntimeError(f"graph replay needs a GPU, not {device}: time the calls themselves")
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        run()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            run()
+    except RuntimeError as error:
+        dev.synchronize(device)
+        raise RuntimeError(f"the call could not be captured in a CUDA graph ({error}); time its launches "
+                           "with tinyllama.timing.time_callable instead") from error
+    return graph.replay
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tinyllama import device as dev
-from tinyllama.timing import Stats, issue_verdict, require_unprofiled, summarize, time_callable
+from tinyllama.timing import Stats, graph_replay, issue_verdict, require_unprofiled, summarize, time_callable
 
 
 def rmsnorm_forward_bytes(rows: int, width: int, itemsize: int, weight_itemsize: int | None = None) -> int:
@@ -63,8 +63,8 @@ def device_ms(fn: Callable[[], object], device: torch.device | str | None = None
     kernel whose launch costs the host more than its work costs the device (an autotuned launcher,
     several eager operators) is still timed by its GPU work; the flush makes every call read its
     inputs from memory. Where ``fn`` cannot be captured (it synchronizes, allocates on the host) the
-    error says so. On a CPU this is :func:`tinyllama.timing.time_callable`: with Triton's interpreter,
-    the interpreter's time.
+    error says so (:func:`tinyllama.timing.graph_replay`). On a CPU this is
+    :func:`tinyllama.timing.time_callable`: with Triton's interpreter, the interpreter's time.
     """
     require_unprofiled("device_ms")
     device = dev.get_device(None if device is None else str(device))
@@ -73,24 +73,22 @@ def device_ms(fn: Callable[[], object], device: torch.device | str | None = None
     for _ in range(max(warmup, 1)):
         fn()
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-    torch.cuda.synchronize(device)
-    with_fn, flush_only = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(with_fn):
-            for _ in range(calls):
-                flush.zero_()
-                fn()
-        with torch.cuda.graph(flush_only):
-            for _ in range(calls):
-                flush.zero_()
-    except RuntimeError as error:
-        raise RuntimeError(f"device_ms could not capture the call in a CUDA graph ({error}); time it with "
-                           "tinyllama.timing.time_callable instead") from error
 
-    def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    def flushed_calls() -> None:
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+
+    def flushes() -> None:
+        for _ in range(calls):
+            flush.zero_()
+
+    with_fn, flush_only = graph_replay(flushed_calls, device), graph_replay(flushes, device)
+
+    def replay_ms(replay: Callable[[], None]) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         end.synchronize()
         return start.elapsed_time(end)

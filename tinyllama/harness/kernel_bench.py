@@ -57,7 +57,7 @@ from tinyllama.kernels import (
 )
 from tinyllama.kernels._triton import KernelMismatch, KernelTolerance, compare_with_reference
 from tinyllama.models import v1_baseline as v1
-from tinyllama.timing import Stats, time_callable
+from tinyllama.timing import Stats, graph_replay, time_callable
 
 KERNELS = ("rmsnorm", "rope", "swiglu", "flash_attention")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -225,8 +225,9 @@ def _passes(fn: Callable[..., torch.Tensor], sets: list[Inputs], grads: list[tor
 
 
 def _graphed(run: Callable[[], None], device: torch.device) -> Callable[[], None] | None:
-    """``run`` captured in a CUDA (or HIP) graph, or None where capture fails: a replay launches all
-    its kernels at once, so the time is the GPU's, not Python's launch overhead.
+    """``run`` as a graph replay (:func:`tinyllama.timing.graph_replay`), or None where it cannot be captured
+    (then its launches are timed): a replay launches all its kernels at once, so the time is the GPU's, not
+    Python's launch overhead.
 
     Captured on the current stream, the one the forward passes ran on (``time_pass`` makes it):
     captured on another, each backward would wait for its forward's stream, and those waits put
@@ -235,14 +236,8 @@ def _graphed(run: Callable[[], None], device: torch.device) -> Callable[[], None
     if device.type != "cuda":
         return None
     try:
-        stream = torch.cuda.current_stream(device)
-        run()  # a warm-up on this (not the legacy default) stream, as capture requires
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
-        return graph.replay
-    except Exception:  # noqa: BLE001 - an operation that cannot be captured: time plain launches
-        dev.synchronize(device)
+        return graph_replay(run, device, stream=torch.cuda.current_stream(device))
+    except RuntimeError:  # an operation that cannot be captured: time plain launches
         return None
 
 
