@@ -404,9 +404,9 @@ def graph_replay(run: Callable[[], object], device: torch.device | str | None = 
         with torch.cuda.graph(graph, stream=stream):
             run()
     except RuntimeError as error:
-        dev.synchronize(device)
-        raise RuntimeError(f"the call could not be captured in a CUDA graph ({error}); time its launches "
-                           "with tinyllama.timing.time_callable instead") from error
+        cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RuntimeError(f"the call could not be captured in a CUDA graph ({cause}); time its launches with "
+                           "tinyllama.timing.time_callable instead") from error
     return graph.replay
 
 
