@@ -303,7 +303,8 @@ def time_steps_in_turns(runs: Mapping[str, TurnRun], batches: Sequence[tuple[tor
     Every run lives on the device at once. A run is added only where the memory already held plus its
     ``peak_memory_mib`` fits, and the turns start only where all runs plus the largest rise of one step above
     its memory between steps fit (under :data:`TURNS_MEMORY_SHARE` of the device); else, or where the device
-    runs out of memory anyway, :class:`NoRoomForTurns` says why, with the device's memory given back."""
+    runs out of memory anyway, :class:`NoRoomForTurns` says why, with the device's memory given back. Models
+    already on the device count in the memory held from the start, so the rule errs on the safe side."""
     if rounds < 1 or per_turn < 1:
         raise ValueError(f"rounds and per_turn must be at least 1 (got {rounds}, {per_turn})")
     device = dev.get_device(None if device is None else str(device))
