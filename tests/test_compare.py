@@ -229,6 +229,17 @@ def test_runs_that_do_not_fit_at_once_keep_their_own_timing_and_say_so(monkeypat
     assert "not timed in turns" in capsys.readouterr().out and "rounds in turns" not in str(out)
 
 
+def test_running_out_of_memory_while_building_the_runs_again_keeps_their_own_timing(monkeypatch, capsys):
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(cmp, "TurnRun", no_memory)
+    out = cmp.compare(["v1:fp32", "v2:fp32"], "ci", num_steps=3, warmup_steps=1, device="cpu", progress=True,
+                      gemm_counts=False, turns=2)
+    assert [r["step_ms_n"] for r in out.runs] == [3, 3] and out.record["timed_in_turns"] == 0
+    assert "not timed in turns (out of memory building every run at once)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("options", [{"turns": -1}, {"turns": 2, "steps_per_turn": 0}])
 def test_bad_turns_are_refused_before_any_run(options):
     with pytest.raises(ValueError, match="turns must be 0"):

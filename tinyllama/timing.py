@@ -389,8 +389,8 @@ def graph_replay(run: Callable[[], object], device: torch.device | str | None = 
                  stream: torch.cuda.Stream | None = None) -> Callable[[], None]:
     """``run`` captured once in a CUDA (HIP) graph, after one call outside it (capture needs its kernels
     compiled and its memory allocated first); returns the graph's replay. A replay launches every captured
-    kernel at once, without Python, so its time is the device's own: the one way the course times GPU work
-    without the host's launches (a kernel's device time, a step's in ``tinyllama.training``). ``stream``: the
+    kernel at once, without Python, so its time is the device's own (``costs.kernel_costs.device_ms`` and the
+    kernel benchmark time kernels so; a training step replays its own three graphs, ``training``). ``stream``: the
     stream to capture on (default: a private one of ``torch.cuda.graph``); give the stream earlier work ran
     on where the captured calls depend on it (a backward on its forward's). Raises ``RuntimeError`` naming
     the cause where ``run`` cannot be captured (it waits for the host, or needs a GPU)."""

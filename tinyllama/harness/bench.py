@@ -334,8 +334,6 @@ def time_steps_in_turns(runs: Mapping[str, TurnRun], batches: Sequence[tuple[tor
             raise NoRoomForTurns(f"the largest step does not fit beside every run's memory on {dev.device_name(device)}")
         samples = time_in_turns(calls, device, rounds=rounds, per_turn=per_turn, warmup=0)
     except Exception as error:  # noqa: BLE001 - running out of memory becomes NoRoomForTurns, the rest re-raised
-        if isinstance(error, NoRoomForTurns):
-            raise
         if not dev.is_out_of_memory(error):
             raise
         raise NoRoomForTurns(f"out of memory with every run on {dev.device_name(device)} at once") from None

@@ -196,14 +196,17 @@ def _retime_in_turns(specs: Sequence[RunSpec], rows: list[dict[str, Any]], confi
     say(f"timing the {len(passed)} runs in turns: {rounds} rounds of {per_turn} steps each", progress)
     torch._dynamo.reset()  # once, before the builds: a reset between them would recompile the earlier ones mid-turn
     runs = {}
-    for spec, row in passed:
-        with device:
-            model = build(spec.version, config, **spec.model_options)
-        unwrap(model).load_state_dict(from_canonical(model, weights))
-        runs[spec.label] = TurnRun(model, spec.precision, bool(row["cuda_graph"]), row.get("peak_memory_mib"))
     try:
+        for spec, row in passed:
+            with device:
+                model = build(spec.version, config, **spec.model_options)
+            unwrap(model).load_state_dict(from_canonical(model, weights))
+            runs[spec.label] = TurnRun(model, spec.precision, bool(row["cuda_graph"]), row.get("peak_memory_mib"))
         times = time_steps_in_turns(runs, batches, device, rounds=rounds, per_turn=per_turn, warmup_steps=warmup_steps)
-    except NoRoomForTurns as reason:
+    except Exception as error:  # noqa: BLE001 - no room (the models themselves, or their steps) is said, the rest re-raised
+        if not isinstance(error, NoRoomForTurns) and not dev.is_out_of_memory(error):
+            raise
+        reason = error if isinstance(error, NoRoomForTurns) else "out of memory building every run at once"
         say(f"  not timed in turns ({reason}): each run's step times are its own, one after the other; compare "
             "fewer runs at a time for ratios that do not follow the host's drift", progress)
         return 0

@@ -67,7 +67,7 @@ from tinyllama import device as dev
 from tinyllama.config import BenchmarkError, ConfigError, check_precision, resolve_config
 from tinyllama.correctness import CorrectnessError, check_every_parameter_trained
 from tinyllama.harness import process_group
-from tinyllama.harness.bench import _time_steps
+from tinyllama.harness.bench import TURNS_MEMORY_SHARE, _time_steps
 from tinyllama.harness.cli import (
     add_model_arguments,
     add_problem_size_arguments,
@@ -717,13 +717,14 @@ def profile_communication(result: DistributedResult, *, batch_size: int | None =
 
 def fits_side_by_side(results: Sequence[DistributedResult], device: torch.device) -> bool:
     """Whether every run of ``results`` fits on ``device`` at once, for :func:`time_runs_in_turns`: their
-    memory between steps added up, plus the largest rise within a step, under 90% of the device's memory
-    (from the ranks' own figures, the same on every rank: every rank decides alike). Always on the CPU."""
+    memory between steps added up, plus the largest rise within a step, under ``bench.TURNS_MEMORY_SHARE`` of
+    the device's memory (from the ranks' own figures, the same on every rank: every rank decides alike).
+    Always on the CPU."""
     total = dev.memory_stats(device).total_bytes
     rests = [max((r.allocated_at_rest_mib or 0.0) for r in result.ranks) for result in results]
     rises = [max((r.peak_memory_mib or 0.0) - (r.allocated_at_rest_mib or 0.0) for r in result.ranks)
              for result in results]
-    return total is None or (sum(rests) + max(rises, default=0.0)) * 2**20 < 0.9 * total
+    return total is None or (sum(rests) + max(rises, default=0.0)) * 2**20 < TURNS_MEMORY_SHARE * total
 
 
 def time_runs_in_turns(results: Sequence[DistributedResult], *, rounds: int = 10, per_turn: int = 2, seed: int = 0,
