@@ -15,6 +15,7 @@ from tinyllama.course.fusion_checks import (
     fusion_runs,
     gemm_count_hint,
     host_share,
+    launch_verdict,
 )
 from tinyllama.harness.compare import RUN_SETS, parse_run
 from tinyllama.timing import time_samples
@@ -104,7 +105,7 @@ def test_host_share_and_fusion_effects():
     record = {"runs": [_row(fusion_label("none"), 57, 10.0, 9.9, 10.1), _row(fusion_label("qkv"), 45, 9.0, 8.9, 9.1),
                        _row(fusion_label("gate_up"), 51, 11.0, 10.9, 11.1), _row(fusion_label("both"), 39, 10.0, 9.5, 10.5)]}
     effects = fusion_effects(record, [("fp32", False), ("bf16", True)]).set_index("fusion")
-    # Rows without the medians' intervals (older records) are decided on the p10-p90 bands.
+    # Rows without intervals (older records) are decided on the p10-p90 bands.
     assert list(effects["verdict"]) == ["faster", "slower", "within noise"]
     assert effects.loc["qkv", "speedup"] == pytest.approx(10 / 9)
     assert (effects.loc["qkv", "speedup_low"], effects.loc["qkv", "speedup_high"]) == pytest.approx((9.9 / 9.1, 10.1 / 8.9))
@@ -122,6 +123,58 @@ def test_fusion_effects_decide_on_the_medians_intervals_where_recorded():
     effects = fusion_effects(record, [("fp32", False)]).set_index("fusion")
     assert list(effects["verdict"]) == ["faster", "slower", "within noise"]
     assert effects.loc["qkv", "speedup_low"] == pytest.approx(9.95 / (1.005 * 9.6))
+
+
+def _p10_row(label, median, median_halfwidth, p10, p10_halfwidth):
+    return {**_row(label, 0, median, p10, 1.2 * median),
+            "step_ms_median_low": median - median_halfwidth, "step_ms_median_high": median + median_halfwidth,
+            "step_ms_p10_low": p10 - p10_halfwidth, "step_ms_p10_high": p10 + p10_halfwidth}
+
+
+def test_fusion_effects_decide_on_the_fast_steps_where_recorded():
+    # The medians part by 4% (the host was busier for the control), the fast steps are equal: within noise.
+    record = {"runs": [_p10_row(fusion_label("none"), 10.0, 0.05, 9.0, 0.02),
+                       _p10_row(fusion_label("qkv"), 9.6, 0.05, 9.0, 0.02),
+                       # the medians' intervals overlap, the fast steps are 3.5% apart beyond theirs: faster
+                       _p10_row(fusion_label("gate_up"), 9.9, 0.3, 9.0 / 1.035, 0.02),
+                       # the fast steps part beyond their intervals but by 1%, under the least gain: within noise
+                       _p10_row(fusion_label("both"), 10.0, 0.05, 9.0 / 0.99, 0.01)]}
+    effects = fusion_effects(record, [("fp32", False)]).set_index("fusion")
+    assert list(effects["compared"]) == ["p10", "p10", "p10"]
+    assert list(effects["verdict"]) == ["within noise", "faster", "within noise"]
+    assert effects.loc["qkv", "speedup"] == pytest.approx(1.0)
+    assert effects.loc["gate_up", "speedup"] == pytest.approx(1.035)
+    assert (effects.loc["gate_up", "control_ms"], effects.loc["gate_up", "fused_ms"]) == pytest.approx((9.0, 9.0 / 1.035))
+    assert effects.loc["gate_up", "speedup_low"] == pytest.approx(8.98 / (9.0 / 1.035 + 0.02))
+
+
+def test_a_fusion_slower_by_more_than_the_least_gain_is_slower():
+    record = {"runs": [_p10_row(fusion_label("none"), 10.0, 0.05, 9.0, 0.02),
+                       _p10_row(fusion_label("qkv"), 10.0, 0.05, 9.0 / 0.96, 0.02),
+                       _p10_row(fusion_label("gate_up"), 10.0, 0.05, 9.0 / 1.015, 0.01)]}
+    effects = fusion_effects(record, [("fp32", False)]).set_index("fusion")
+    assert list(effects["verdict"]) == ["slower", "within noise"]
+
+
+def test_launch_verdict_reads_the_share_from_both_intervals():
+    def diagnose(eager_ms, gpu_ms):
+        share = 1.0 - gpu_ms / eager_ms
+        return share, share > LAUNCH_BOUND_SHARE
+
+    def timed(median, halfwidth):
+        return {"step_ms_median": median, "step_ms_median_low": median - halfwidth,
+                "step_ms_median_high": median + halfwidth}
+
+    # 5.6% with an eager median known to 1.5 ms: the share may be 3-8%, on the line.
+    share, least, most, said = launch_verdict(diagnose, timed(58.2, 1.5), timed(54.9, 0.05))
+    assert share == pytest.approx(1 - 54.9 / 58.2)
+    assert least == pytest.approx(1 - 54.95 / 56.7) and most == pytest.approx(1 - 54.85 / 59.7)
+    assert said == "within noise of the line"
+    assert launch_verdict(diagnose, timed(66.0, 1.0), timed(54.9, 0.05))[3] == "launch-bound"
+    assert launch_verdict(diagnose, timed(238.7, 0.2), timed(236.5, 0.1))[3] == "not launch-bound"
+    # An older record without intervals: its medians alone decide.
+    share, least, most, said = launch_verdict(diagnose, {"step_ms_median": 58.2}, {"step_ms_median": 54.9})
+    assert least == most == pytest.approx(1 - 54.9 / 58.2) and said == "launch-bound"
 
 
 def test_time_samples_gives_one_sample_per_repeat():

@@ -5,7 +5,8 @@ host's share of an eager step, and the checks of the notebook's exercises.
   (the run specs of each fusion and its control; each fusion's effect against its control);
 - :func:`host_share`: the share of an eager step that the device does not account for
   (1 - GPU time / eager step time), and :data:`LAUNCH_BOUND_SHARE`, the share above which an eager
-  comparison of effects of a few percent measures the host rather than the GPU;
+  comparison of effects of a few percent measures the host rather than the GPU; :func:`launch_verdict`:
+  that share read from both runs' intervals (launch-bound, not, or within noise of the line);
 - ``time_samples`` (from :mod:`tinyllama.timing`): per-call times of a callable, the samples that
   ``course.check_ratio`` compares;
 - :func:`check_fused_qkv`, :func:`check_gemm_prediction`, :func:`check_strided_timing`,
@@ -39,6 +40,28 @@ def host_share(eager_ms: float, gpu_ms: float) -> float:
     if eager_ms <= 0:
         raise ValueError(f"eager step time must be positive, got {eager_ms}")
     return 1.0 - gpu_ms / eager_ms
+
+
+def launch_verdict(diagnose: Callable[[float, float], tuple[float, bool]], eager: Mapping[str, Any],
+                   graphed: Mapping[str, Any]) -> tuple[float, float, float, str]:
+    """The host share of an eager comparison row against its graph-replayed twin, read with ``diagnose``
+    (exercise 12.4's ``(eager_ms, gpu_ms) -> (share, launch_bound)``) at the medians and at the ends of
+    their 95% intervals. Returns ``(share, least, most, said)``: ``said`` is ``"launch-bound"`` where
+    even the least share the intervals allow is above the line, ``"not launch-bound"`` where even the
+    most is not, else ``"within noise of the line"``: a share near the line lands on either side of it
+    from one run to the next, and no rerun would say otherwise."""
+    share, _ = diagnose(eager["step_ms_median"], graphed["step_ms_median"])
+    ends = (eager.get("step_ms_median_low", math.nan), eager.get("step_ms_median_high", math.nan),
+            graphed.get("step_ms_median_low", math.nan), graphed.get("step_ms_median_high", math.nan))
+    if not all(math.isfinite(end) for end in ends):  # an older record: its medians alone
+        eager_low = eager_high = eager["step_ms_median"]
+        graphed_low = graphed_high = graphed["step_ms_median"]
+    else:
+        eager_low, eager_high, graphed_low, graphed_high = ends
+    least, least_bound = diagnose(eager_low, graphed_high)
+    most, most_bound = diagnose(eager_high, graphed_low)
+    said = "launch-bound" if least_bound else "not launch-bound" if not most_bound else "within noise of the line"
+    return share, least, most, said
 
 
 # ------------------------------------------------------------------------------------------------

@@ -90,8 +90,12 @@ class Profile:
     versions_seq_len: int
     versions_steps: int
     # 12_fusion and 17_version_comparison: rounds of timing in turns (two steps a run each) after each run's
-    # own timing (tinyllama.harness.compare's turns), where the runs fit on the device at once.
+    # own timing (tinyllama.harness.compare's turns), where the runs fit on the device at once. 12 times
+    # more rounds: a fusion changes a step by a few percent, and the intervals of the fast steps' times
+    # that decide it narrow with the samples (at 15 rounds the gate/up fusion's bf16 eager verdict still
+    # differed between processes on one H200, at 30 it did not).
     compare_rounds: int
+    fusion_rounds: int
     # 20_finetuning_lab: the model preset and bytes of standard-library text, optimizer steps per
     # configuration (timed; the loss after them is the convergence check) and untimed warm-up steps,
     # the learning rate, the sequence length and the shorter one of the sequence phase, the effective
@@ -197,6 +201,7 @@ PROFILES: dict[str, Profile] = {
         versions_seq_len=512,
         versions_steps=20,
         compare_rounds=15,
+        fusion_rounds=30,
         # 20_finetuning_lab (about 10 configurations of the small model, each 100 steps)
         lab_preset="small",
         lab_corpus_bytes=8 * 2**20,
@@ -289,6 +294,7 @@ PROFILES: dict[str, Profile] = {
         versions_seq_len=12,
         versions_steps=2,
         compare_rounds=2,
+        fusion_rounds=2,
         # 20_finetuning_lab: the ci model on 1 MiB of text, a few steps per configuration
         lab_preset="ci",
         lab_corpus_bytes=2**20,
