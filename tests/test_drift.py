@@ -207,6 +207,13 @@ def test_spreads_recorded_from_stats_and_bands_line_up(tmp_path, monkeypatch):
     ("21_distributed_training", "transfer_ms_ddp", drift.HOST_SENSITIVE),  # overlaps the backward: moves with it
     ("20_finetuning_lab", "final_step_ms", drift.HOST_SENSITIVE),
     ("19_results_and_wrap_up", "most_different_figure", drift.RUN_SPECIFIC),
+    # moved between two runs at once on one 4 x H200 machine (afc0e7f, 2026-11-27): the chip, or the host's pace
+    ("00_environment_check", "matmul_fp32_tflops", drift.HOST_SENSITIVE),
+    ("18_roofline", "matmul_bf16_tflops", drift.HOST_SENSITIVE),
+    ("04_flops_profiler", "mfu_measured", drift.HOST_SENSITIVE),
+    ("03_pytorch_profiler", "fp16_channels_last_ms", drift.HOST_SENSITIVE),
+    ("03_pytorch_profiler", "channels_last_speedup", drift.HOST_SENSITIVE),
+    ("03_pytorch_profiler", "profiled_device_ms", drift.HOST_SENSITIVE),
 ])
 def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, kind):
     assert drift.label_of(notebook, figure).kind == kind
@@ -227,6 +234,11 @@ def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, k
     ("22_generation", "decode_ms_cache_graph"),    # graph replays: the device's own time
     ("13_triton_basics", "rmsnorm_mine_bf16_tbs"),
     ("06_torch_compile", "cheapest_one-off_job"),  # a stated result, even if derived from compile seconds
+    ("03_pytorch_profiler", "channels_last_work_speedup"),  # the profiles' kernel times: the work itself
+    ("03_pytorch_profiler", "fp16_over_fp32_time"),
+    ("03_pytorch_profiler", "unprofiled_device_ms"),
+    ("04_flops_profiler", "mfu_datasheet"),
+    ("00_environment_check", "copy_tbs"),
 ])
 def test_the_registry_leaves_stated_results_and_device_timings_compared(notebook, figure):
     assert drift.label_of(notebook, figure) is None

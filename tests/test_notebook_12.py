@@ -16,6 +16,7 @@ from tinyllama.course.fusion_checks import (
     gemm_count_hint,
     host_share,
     launch_verdict,
+    setting_launch_verdict,
 )
 from tinyllama.harness.compare import RUN_SETS, parse_run
 from tinyllama.timing import time_samples
@@ -331,3 +332,13 @@ def test_each_strided_timing_slip_fails_with_its_own_message(solution, capsys, m
         _timing(solution, (old, new))
     _assert_only(capsys.readouterr().out + str(failed.value), message, [t for *_, t in TIMING_SLIPS],
                  "PASS: the timed pairs differ only in layout")
+
+
+def test_one_launch_verdict_for_the_runs_of_a_precision():
+    assert setting_launch_verdict(["launch-bound", "launch-bound"]) == "launch-bound"
+    assert setting_launch_verdict(["not launch-bound"] * 4) == "not launch-bound"
+    # shares of 4.3-6.1%: some runs beyond the line, some within noise of it, one clear: at the line
+    assert setting_launch_verdict(["launch-bound", "within noise of the line", "not launch-bound"]) == "at the line"
+    assert setting_launch_verdict(["launch-bound", "not launch-bound"]) == "at the line"
+    with pytest.raises(ValueError):
+        setting_launch_verdict([])

@@ -63,7 +63,8 @@ class Label:
 
 # The one registry of figures that two honest runs may disagree on. Host-sensitive: measured on the host's
 # clock or dominated by what the host does (Python, the driver's launch path, the compiler), so another
-# process, another host load or another CPU moves them although the GPU work is the same. Run-specific:
+# process, another host load or another CPU moves them although the GPU work is the same; or set by the
+# machine's own GPU (its clock under the power limit), which differs from chip to chip. Run-specific:
 # names of what one run wrote. Everything else a notebook records must agree between two runs.
 LABELS: tuple[Label, ...] = (
     # Every notebook.
@@ -85,6 +86,16 @@ LABELS: tuple[Label, ...] = (
                                   "H200 machine, 2026-11-27)"),
     # 15's V3 steps are host-bound by the notebook's own verdict (the device finishes 1.03x after the host issues).
     Label("15_*", "*_step_ms", "eager V3 step, host-bound by the notebook's own verdict: the host's issue time"),
+    # The matmul rate of the run's own GPU: at its power limit each chip holds its own clock, and two H200s of one
+    # machine differ beyond each one's spread.
+    Label("00_*", "matmul_*_tflops", "the matmul rate of the run's own GPU, at the clock its power limit allows: two "
+                                     "H200s of one machine gave fp32 50.6 and 51.0 TFLOP/s, each within 0.4% "
+                                     "(2026-11-27)"),
+    Label("18_*", "matmul_*_tflops", "the matmul rate of the run's own GPU, at the clock its power limit allows: two "
+                                     "H200s of one machine gave bf16 725 and 751 TFLOP/s, each within 3% (2026-11-27)"),
+    Label("04_*", "mfu_measured", "the achieved rate over the tf32 ceiling measured in the same run, whose own spread "
+                                  "is wide (401 and 363 TFLOP/s on two H200s of one machine, spreads overlapping, "
+                                  "2026-11-27); the achieved rate and the datasheet MFU are compared"),
     # 03 and 07 set host time against device time, with and without the profiler.
     Label("03_*", "cpu_ms_per_step", "host time to issue one step"),
     Label("03_*", "overhead_ratio", "host time over device time of one step"),
@@ -92,6 +103,13 @@ LABELS: tuple[Label, ...] = (
     Label("03_*", "unprofiled_host_device_ratio", "host time over device time of one step"),
     Label("03_*", "launch_bound", "decided by the host's issue time against the device's: the fp32 step sits near "
                                   "the line (0.49 and 0.87 of the device time on two H200 hosts, 2026-11-26/27)"),
+    Label("03_*", "fp16*_ms", "an fp16 step of ResNet-50 has about as much device work (5-7 ms) as the host takes "
+                              "to issue it (5.2 and 7.5 ms in two runs at once on one H200 machine, 2026-11-27): "
+                              "a slower host sets its pace (channels-last 5.1 and 6.6 ms)"),
+    Label("03_*", "channels_last_speedup", "ratio of two timed fp16 steps that the host can pace (see fp16*_ms); the "
+                                           "profiles' work, channels_last_work_speedup, is compared"),
+    Label("03_*", "profiled_device_ms", "device time per step under the profiler: the device waits for the profiled "
+                                        "host (9.7 and 15.9 ms in two runs at once on one H200 machine, 2026-11-27)"),
     Label("07_*", "unprofiled_host_over_device", "host time over device time of one step"),
     # 06 and 16 time the compiler: CPU-bound work (Dynamo, Inductor, Triton), moved by the host and its caches.
     Label("06_*", "*compile*_s_*", "compile seconds: the compiler runs on the host, and its caches may be warm"),

@@ -6,7 +6,8 @@ host's share of an eager step, and the checks of the notebook's exercises.
 - :func:`host_share`: the share of an eager step that the device does not account for
   (1 - GPU time / eager step time), and :data:`LAUNCH_BOUND_SHARE`, the share above which an eager
   comparison of effects of a few percent measures the host rather than the GPU; :func:`launch_verdict`:
-  that share read from both runs' intervals (launch-bound, not, or within noise of the line);
+  that share read from both runs' intervals (launch-bound, not, or within noise of the line), and
+  :func:`setting_launch_verdict`, one verdict for the runs of one precision;
 - ``time_samples`` (from :mod:`tinyllama.timing`): per-call times of a callable, the samples that
   ``course.check_ratio`` compares;
 - :func:`check_fused_qkv`, :func:`check_gemm_prediction`, :func:`check_strided_timing`,
@@ -62,6 +63,19 @@ def launch_verdict(diagnose: Callable[[float, float], tuple[float, bool]], eager
     most, most_bound = diagnose(eager_high, graphed_low)
     said = "launch-bound" if least_bound else "not launch-bound" if not most_bound else "within noise of the line"
     return share, least, most, said
+
+
+def setting_launch_verdict(saids: Sequence[str]) -> str:
+    """One verdict for the eager steps of one precision from its runs' :func:`launch_verdict` words:
+    ``"launch-bound"`` where every run is, ``"not launch-bound"`` where every run is not, else ``"at the
+    line"``. A single run's share near the line lands on either side of it from one process to the next
+    (the bf16 V2 runs' shares were 4.3-6.1% in two processes on one H200 machine, 2026-11-27), while the
+    runs of one precision together stay on the line or clear of it."""
+    if not saids:
+        raise ValueError("no runs to judge")
+    if all(said == "launch-bound" for said in saids):
+        return "launch-bound"
+    return "not launch-bound" if all(said == "not launch-bound" for said in saids) else "at the line"
 
 
 # ------------------------------------------------------------------------------------------------
