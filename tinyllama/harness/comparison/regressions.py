@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinyllama.timing import Band, verdict
+
 # Figures with a spread (p10..p90 of the timed steps), and whether larger is better.
 _TIMED_FIGURES = ("step_ms", "forward_ms", "backward_ms", "optimizer_ms")
 # Peak memory has no spread: a change smaller than this is noise of the allocator.
@@ -75,14 +77,13 @@ def _band(run: dict[str, Any], figure: str) -> tuple[float, float, float]:
 
 def _band_verdict(label: str, figure: str, old: dict[str, Any], new: dict[str, Any],
                   larger_is_better: bool) -> dict[str, Any]:
+    """The course's one comparison (:func:`tinyllama.timing.verdict`) on the two records' p10..p90 bands: two
+    records come from two processes, so each run's own spread is what a move must beat."""
     a, a_lo, a_hi = _band(old, figure)
     b, b_lo, b_hi = _band(new, figure)
-    if b_lo > a_hi:
-        flag = "better" if larger_is_better else "slower"
-    elif b_hi < a_lo:
-        flag = "worse" if larger_is_better else "faster"
-    else:
-        flag = "within spread"
+    _, said = verdict(Band(a, a_lo, a_hi), Band(b, b_lo, b_hi), on="spread")  # "faster": the new band lies below
+    flag = {"faster": "worse" if larger_is_better else "faster",
+            "slower": "better" if larger_is_better else "slower"}.get(said, "within spread")
     return _verdict(label, figure, a, b, f"{a_lo:.4g}..{a_hi:.4g}", flag)
 
 
