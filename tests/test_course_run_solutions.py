@@ -236,3 +236,57 @@ def test_twice_gives_each_run_its_own_compiler_caches_and_gpus(tmp_path, monkeyp
 def test_gpus_per_run_goes_with_twice(solutions, capsys):
     assert rs.main(["--solutions", str(solutions), "--profile", "ci", "--gpus-per-run", "2"]) == 2
     assert "--gpus-per-run N (N of 1 or more) goes with --twice" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# --store: a finished run's outputs into the solutions
+# --------------------------------------------------------------------------------------------------
+
+def _notebook(path, sources, output=None):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# title")] + [nbformat.v4.new_code_cell(s) for s in sources]
+    if output is not None:
+        nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=output)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_store_copies_run_b_of_a_twice_run_and_refuses_a_changed_solution(tmp_path, capsys):
+    solutions = tmp_path / "solutions"
+    _notebook(solutions / "01_a.ipynb", ["print(1)"])
+    _notebook(solutions / "02_b.ipynb", ["print(2)  # edited after the run"])
+    for run in ("a", "b"):
+        _notebook(tmp_path / "run" / run / "01_a.ipynb", ["print(1)"], output=f"1 from {run}\n")
+        _notebook(tmp_path / "run" / run / "02_b.ipynb", ["print(2)"], output="2\n")
+    before = (solutions / "02_b.ipynb").read_text()
+
+    status = rs.main(["--solutions", str(solutions), "--store", str(tmp_path / "run")])
+
+    assert status == 1  # one notebook refused
+    stored = nbformat.read(solutions / "01_a.ipynb", as_version=4)
+    assert stored.cells[1].outputs[0]["text"] == "1 from b\n"  # run b of the two
+    assert (solutions / "02_b.ipynb").read_text() == before  # left as it was
+    err = capsys.readouterr().err
+    assert "refused 02_b: cell 2 (code" in err and "run the notebook again" in err
+
+
+def test_store_picks_notebooks_and_reads_a_single_run(tmp_path):
+    solutions = tmp_path / "solutions"
+    _notebook(solutions / "01_a.ipynb", ["print(1)"])
+    _notebook(solutions / "02_b.ipynb", ["print(2)"])
+    _notebook(tmp_path / "run" / "01_a.ipynb", ["print(1)"], output="1\n")
+    _notebook(tmp_path / "run" / "02_b.ipynb", ["print(2)"], output="2\n")
+    assert rs.main(["--solutions", str(solutions), "--store", str(tmp_path / "run"), "--notebooks", "02"]) == 0
+    assert nbformat.read(solutions / "01_a.ipynb", as_version=4).cells[1].outputs == []  # not picked
+    assert nbformat.read(solutions / "02_b.ipynb", as_version=4).cells[1].outputs[0]["text"] == "2\n"
+
+
+def test_store_says_what_is_wrong_with_its_input(tmp_path, capsys):
+    solutions = tmp_path / "solutions"
+    _notebook(solutions / "01_a.ipynb", ["print(1)"])
+    (tmp_path / "empty").mkdir()
+    assert rs.main(["--solutions", str(solutions), "--store", str(tmp_path / "empty")]) == 2
+    assert "no executed notebooks" in capsys.readouterr().err
+    assert rs.main(["--solutions", str(solutions), "--store", str(tmp_path / "empty"), "--twice"]) == 2
+    assert "--store runs nothing" in capsys.readouterr().err

@@ -8,7 +8,7 @@
 # SECONDS bounds each lane (what has run by then is still packed). Lanes share the host: a second lane slowed the
 # host's issue time of the first by up to 45% (2026-11-27), which moves host-sensitive verdicts; run notebooks
 # whose verdicts read the host (03, 12, 17) in a lane of their own where the budget allows.
-# Store run B's copies into solutions/ afterwards (outputs and the reference records in their metadata).
+# Store run B's copies afterwards: python -m tinyllama.course.run_solutions --store tw_NAME (refuses a notebook changed since).
 set -uo pipefail
 commit=$1 limit=$2
 shift 2

@@ -8,7 +8,8 @@ directory), together with ``summary.md`` and ``summary.csv``: every figure the n
 this run. Each executed copy keeps in its metadata the records its notebook appended in this run
 (:mod:`tinyllama.course.reference`). The exit status is 1 when a notebook failed.
 ``--update-solutions`` stores the fresh outputs, with those records, in ``solutions/`` (how the reference
-outputs and figures of a GPU run are kept).
+outputs and figures of a GPU run are kept); ``--store RUN`` stores those of a finished run (of a ``--twice``
+run, its run ``b``), refusing a notebook whose solution changed since.
 
 Reproducibility (:mod:`tinyllama.course.drift`): ``--against [DIR]`` compares this run's figures with
 those stored in ``DIR`` (without ``DIR``: the solutions the notebooks came from, read before this run
@@ -266,6 +267,42 @@ def run_twice(arguments: list[str], output: Path, gpus: int, per_run: int = 1) -
     return max([found, *statuses.values()])
 
 
+def _first_difference(executed: Path, solution: Path) -> str | None:
+    """The first cell in which an executed copy's source differs from the solution's (its id, or where the
+    two part), or None where every cell is the same."""
+    import nbformat
+
+    ran, stored = (nbformat.read(path, as_version=4).cells for path in (executed, solution))
+    for index, (a, b) in enumerate(zip(ran, stored)):
+        if (a.cell_type, a.source) != (b.cell_type, b.source):
+            return f"cell {index + 1} ({b.cell_type}, id {b.get('id', '-')})"
+    return None if len(ran) == len(stored) else f"cell {min(len(ran), len(stored)) + 1} (the cell counts differ)"
+
+
+def store_run(run: Path, solutions: Path, selectors: list[str] | None = None) -> int:
+    """Store the executed copies of a finished run (an ``--output`` folder; of a ``--twice`` run, its run
+    ``b``) in ``solutions``, outputs and records, as ``--update-solutions`` does after a run. A notebook whose
+    solution changed after the run (any cell's source) is refused and left as it is: its outputs would not be
+    what its code prints. Returns 1 where one was refused, else 0."""
+    folder = run / "b" if (run / "b").is_dir() and not any(run.glob("[0-9][0-9]_*.ipynb")) else run
+    executed = [path for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+                if not selectors or any(path.stem.startswith(Path(s).name.removesuffix(".ipynb")) for s in selectors)]
+    if not executed:
+        raise FileNotFoundError(f"no executed notebooks in {folder}: pass the --output folder of a finished run")
+    refused = 0
+    for path in executed:
+        target = solutions / path.name
+        differs = _first_difference(path, target) if target.exists() else "the notebook (not in the solutions)"
+        if differs is not None:
+            print(f"refused {path.stem}: {differs} differs from the solution's: it changed after this run; "
+                  "run the notebook again", file=sys.stderr)
+            refused += 1
+            continue
+        shutil.copyfile(path, target)
+        print(f"stored  {path.stem} from {folder} into {target}")
+    return 1 if refused else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     root = results.checkout_root() or Path.cwd()
     parser = argparse.ArgumentParser(prog="python -m tinyllama.course.run_solutions",
@@ -287,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="then list the figures that moved beyond their spread against the run stored in DIR "
                              "(a solutions folder or an earlier --output); without DIR, the --solutions folder "
                              "as it was before this run")
+    parser.add_argument("--store", type=Path, metavar="RUN",
+                        help="run nothing: store the executed copies of a finished run (its --output folder; of a "
+                             "--twice run, its run b) in the solutions, refusing any notebook changed since")
     parser.add_argument("--twice", action="store_true",
                         help="run the notebooks twice in two processes, each with its own results folder (at once "
                              "on two GPUs where there are two, else one after the other), and list the figures "
@@ -295,6 +335,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --twice: GPUs each run sees (2 for 05 and 21); the runs go at once where the "
                              "machine has twice as many (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.store is not None:
+        try:
+            if args.twice or args.update_solutions or args.against is not None:
+                raise ValueError("--store runs nothing: it stores a finished run's outputs; run --twice, "
+                                 "--update-solutions or --against without it")
+            return store_run(args.store, args.solutions, args.notebooks)
+        except (ValueError, FileNotFoundError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     try:
         if args.gpus_per_run < 1 or (args.gpus_per_run > 1 and not args.twice):
             raise ValueError("--gpus-per-run N (N of 1 or more) goes with --twice; a single run sees every GPU "
