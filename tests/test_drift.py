@@ -110,6 +110,43 @@ def test_a_host_sensitive_figure_that_moved_is_reported_but_does_not_fail(tmp_pa
     assert ["13_triton_basics", "launch_mine_us", "30", "60", "+100.0%"] in [row[:5] for row in table_rows(report)]
 
 
+def _printing(folder, notebook, printed, device="NVIDIA H200", cell_id="c0ffee00"):
+    """An executed notebook whose one code cell printed ``printed`` (and showed a table with other words)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cell = new_code_cell("print(...)")
+    cell.id = cell_id
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed),
+                    nbformat.v4.new_output("execute_result", data={"text/plain": "slower faster kept"},
+                                           execution_count=1)]
+    nb = new_notebook(cells=[nbformat.v4.new_markdown_cell("faster, says the text"), cell])
+    reference.attach_records(nb, [_entry(notebook, {"n": 1}, device=device)])
+    nbformat.write(nb, folder / f"{notebook}.ipynb")
+    return folder
+
+
+def test_stated_words_are_the_verdict_words_each_cell_printed(tmp_path):
+    path = _printing(tmp_path, "12_x", "V2: host share 4.9% -> not launch-bound\nqkv 1.03x: Faster; 0.8x below your "
+                                       "prediction\nwithin noise of the line; the device is the limit\n") / "12_x.ipynb"
+    assert drift.stated_words(path) == {"said: c0ffee00": "not launch-bound; faster; below your prediction; "
+                                                          "within noise of the line; the device is the limit"}
+
+
+def test_a_printed_verdict_that_changed_is_drift_unless_labelled(tmp_path):
+    a = _printing(tmp_path / "a", "16_x", "V4 against V3: 1.28x, within noise\n")
+    b = _printing(tmp_path / "b", "16_x", "V4 against V3: 1.26x, faster\n")
+    found = drift.compare(drift.load_run(a), drift.load_run(b))
+    row = found.table.set_index("figure").loc["said: c0ffee00"]
+    assert (row.status, row.A, row.B) == ("moved", "within noise", "faster") and found.exit_status == 1
+    same = drift.compare(drift.load_run(a), drift.load_run(_printing(tmp_path / "c", "16_x", "1.20x, within noise\n")))
+    assert _status(same, "said: c0ffee00") == "equal" and same.exit_status == 0
+    labelled = [drift.Label("16_*", "said: c0ffee00", "reads a host-sensitive figure")]
+    assert _status(drift.compare(drift.load_run(a), drift.load_run(b), labels=labelled), "said: c0ffee00") == \
+        "host-sensitive"
+    # On another device a notebook may take another branch: its words are not compared there.
+    other = _printing(tmp_path / "d", "16_x", "on the CPU every step is host-bound\n", device="CPU")
+    assert _status(drift.compare(drift.load_run(a), drift.load_run(other)), "said: c0ffee00") == "not compared"
+
+
 def test_run_specific_paths_are_not_compared(tmp_path):
     found = _drift(tmp_path, [_entry("03_x", {"trace_fp32": "/tmp/a/trace-1.json"})],
                    [_entry("03_x", {"trace_fp32": "/tmp/b/trace-2.json"})])
@@ -214,6 +251,7 @@ def test_spreads_recorded_from_stats_and_bands_line_up(tmp_path, monkeypatch):
     ("03_pytorch_profiler", "fp16_channels_last_ms", drift.HOST_SENSITIVE),
     ("03_pytorch_profiler", "channels_last_speedup", drift.HOST_SENSITIVE),
     ("03_pytorch_profiler", "profiled_device_ms", drift.HOST_SENSITIVE),
+    ("03_pytorch_profiler", "said: 0a3f51c5", drift.HOST_SENSITIVE),  # section 4's host/device sentence
 ])
 def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, kind):
     assert drift.label_of(notebook, figure).kind == kind
@@ -247,6 +285,8 @@ def test_the_registry_leaves_stated_results_and_device_timings_compared(notebook
 def test_every_label_says_why_and_covers_a_figure_the_solutions_record():
     table = reference.load_reference()
     recorded = list(zip(table.notebook, table.figure))
+    recorded += [(path.stem, said) for path in sorted(reference.solutions_dir().glob("*.ipynb"))
+                 for said in drift.stated_words(path)]
     # 19 records the figure that differs most from the stored run's, and the path of its export, only when the run
     # has figures of its own; its stored solution ran from an empty results folder (it shows the reference run).
     only_with_results = {("19_results_and_wrap_up", name) for name in ("most_different_figure", "export_csv")}

@@ -15,6 +15,9 @@ notebook by notebook, figure by figure, and judged by these rules:
   steps, eager steps bound by Python's launches) is labelled host-sensitive in :data:`LABELS` and
   reported with its change in a section of its own, never counted as drift; the paths of files a run
   wrote are labelled run-specific and not compared;
+- what a notebook states in words is compared too: the verdict words each code cell printed ("faster",
+  "within noise", "host-bound", "kept", "close to your prediction", ...) must be the same in both runs,
+  cell by cell (figures named ``said: <cell id>``), unless a label says why they may differ;
 - figures and notebooks present in one run only are listed.
 
 Where a notebook ran on another device or at another profile in ``A`` than in ``B``, the report says so
@@ -26,7 +29,9 @@ were refused or the input is bad, else 0.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -103,6 +108,9 @@ LABELS: tuple[Label, ...] = (
     Label("03_*", "unprofiled_host_device_ratio", "host time over device time of one step"),
     Label("03_*", "launch_bound", "decided by the host's issue time against the device's: the fp32 step sits near "
                                   "the line (0.49 and 0.87 of the device time on two H200 hosts, 2026-11-26/27)"),
+    Label("03_*", "said: 0a3f51c5", "section 4's host/device verdict reads the host's issue time against the "
+                                    "device's (see launch_bound): 'the device is the limit' at 0.54 and 'at the "
+                                    "threshold' at 0.77 in two runs at once on one H200 machine (2026-11-27)"),
     Label("03_*", "fp16*_ms", "an fp16 step of ResNet-50 has about as much device work (5-7 ms) as the host takes "
                               "to issue it (5.2 and 7.5 ms in two runs at once on one H200 machine, 2026-11-27): "
                               "a slower host sets its pace (channels-last 5.1 and 6.6 ms)"),
@@ -221,9 +229,37 @@ def notebook_figures(notebook: str, records: Sequence[dict[str, Any]]) -> Notebo
     return NotebookFigures(notebook, figures, spreads, device, profile, commit)
 
 
+# What a printed sentence states as a result: the verdict words a reader acts on. The longer phrase comes
+# first where one contains another ("not launch-bound", "below your prediction").
+SAID_PREFIX = "said: "
+_SAID = re.compile(r"the opposite of your prediction|close to your prediction|below your prediction|your prediction|"
+                   r"within noise(?: of the line)?|within variation|not launch-bound|launch-bound|host-bound|"
+                   r"device-bound|at the line|at the threshold|the device is the limit|the host is the limit|"
+                   r"faster|slower|more than|less than|about the same|not kept|kept|PASS|FAIL|WARN", re.IGNORECASE)
+
+
+def stated_words(path: str | Path) -> dict[str, str]:
+    """The verdict words each code cell of an executed notebook printed, in order, as figures named
+    ``said: <cell id>`` (cells that printed none are left out). Only printed text counts: tables and
+    pictures carry numbers, which the recorded figures compare with their spreads."""
+    with open(path, encoding="utf-8") as f:
+        cells = json.load(f).get("cells") or []
+    said = {}
+    for index, cell in enumerate(cells):
+        if cell.get("cell_type") != "code":
+            continue
+        text = "".join("".join(output.get("text", "")) for output in cell.get("outputs") or []
+                       if output.get("output_type") == "stream")
+        words = [match.group(0).lower() for match in _SAID.finditer(text)]
+        if words:
+            said[f"{SAID_PREFIX}{cell.get('id', index)}"] = "; ".join(words)
+    return said
+
+
 def load_run(folder: str | Path, notebooks: Sequence[str] | None = None) -> Run:
     """The figures recorded in the executed notebooks of ``folder`` (those ``notebooks`` name by name or
-    prefix, default all). Raises ``FileNotFoundError`` when the folder holds no notebook."""
+    prefix, default all), with the words each cell printed (:func:`stated_words`). Raises
+    ``FileNotFoundError`` when the folder holds no notebook."""
     folder = Path(folder)
     paths = sorted(folder.glob("*.ipynb")) if folder.is_dir() else []
     if not paths:
@@ -236,6 +272,7 @@ def load_run(folder: str | Path, notebooks: Sequence[str] | None = None) -> Run:
         records = reference.notebook_records(path)
         if records:
             run.notebooks[path.stem] = notebook_figures(path.stem, records)
+            run.notebooks[path.stem].figures.update(stated_words(path))
         else:
             run.without_records.append(path.stem)
     return run
@@ -348,7 +385,7 @@ def compare(a: Run, b: Run, tolerance: float = RELATIVE_TOLERANCE, force: bool =
                 numbers = _is_number(row["A"]) and _is_number(row["B"])
                 if numbers:
                     row["change_pct"] = 100.0 * _relative_change(row["A"], row["B"])
-                if numbers and name in refused:
+                if (numbers or figure.startswith(SAID_PREFIX)) and name in refused:  # words follow the device
                     row["status"], row["rule"] = NOT_COMPARED, "another device or profile"
                 elif label is not None and label.kind == RUN_SPECIFIC:
                     row["status"] = RUN_SPECIFIC
