@@ -290,3 +290,11 @@ def test_store_says_what_is_wrong_with_its_input(tmp_path, capsys):
     assert "no executed notebooks" in capsys.readouterr().err
     assert rs.main(["--solutions", str(solutions), "--store", str(tmp_path / "empty"), "--twice"]) == 2
     assert "--store runs nothing" in capsys.readouterr().err
+
+
+def test_store_refuses_a_selection_that_names_no_solution(tmp_path, capsys):
+    solutions = tmp_path / "solutions"
+    _notebook(solutions / "01_a.ipynb", ["print(1)"])
+    _notebook(tmp_path / "run" / "01_a.ipynb", ["print(1)"], output="1\n")
+    assert rs.main(["--solutions", str(solutions), "--store", str(tmp_path / "run"), "--notebooks", "07"]) == 2
+    assert "no solution notebook matches '07'" in capsys.readouterr().err

@@ -285,8 +285,8 @@ def store_run(run: Path, solutions: Path, selectors: list[str] | None = None) ->
     solution changed after the run (any cell's source) is refused and left as it is: its outputs would not be
     what its code prints. Returns 1 where one was refused, else 0."""
     folder = run / "b" if (run / "b").is_dir() and not any(run.glob("[0-9][0-9]_*.ipynb")) else run
-    executed = [path for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))
-                if not selectors or any(path.stem.startswith(Path(s).name.removesuffix(".ipynb")) for s in selectors)]
+    chosen = {path.name for path in find_notebooks(solutions, selectors)} if selectors else None
+    executed = [path for path in sorted(folder.glob("[0-9][0-9]_*.ipynb")) if chosen is None or path.name in chosen]
     if not executed:
         raise FileNotFoundError(f"no executed notebooks in {folder}: pass the --output folder of a finished run")
     refused = 0
