@@ -7,6 +7,7 @@ import pytest
 
 from tinyllama.course.checkpoints import CheckpointFailed
 from tinyllama.course.fusion_checks import (
+    JUDGED_ON_REPLAY,
     LAUNCH_BOUND_SHARE,
     check_gemm_prediction,
     check_host_share,
@@ -155,6 +156,32 @@ def test_a_fusion_slower_by_more_than_the_least_gain_is_slower():
                        _p10_row(fusion_label("gate_up"), 10.0, 0.05, 9.0 / 1.015, 0.01)]}
     effects = fusion_effects(record, [("fp32", False)]).set_index("fusion")
     assert list(effects["verdict"]) == ["slower", "within noise"]
+
+
+def test_eager_rows_of_a_replayed_precision_are_judged_on_the_replay():
+    # bf16 eager: the fused run is 4% faster on the fast steps, beyond their intervals; the same fusion replayed
+    # is within 1%. The replay is the verdict; the eager row keeps its ratio. fp32 (not replayed) is judged eager.
+    def p10(label, value, halfwidth=0.02):
+        return _p10_row(label, 10.0, 0.05, value, halfwidth)
+
+    runs = [p10(fusion_label(name, precision, graphed), value)
+            for (precision, graphed), values in {("fp32", False): (9.0, 9.0 / 1.04, 9.0, 9.0),
+                                                 ("bf16", False): (9.0, 9.0 / 1.04, 9.0 / 0.96, 9.0),
+                                                 ("bf16", True): (8.0, 8.0 / 1.005, 8.0 / 0.96, 8.0)}.items()
+            for name, value in zip(("none", "qkv", "gate_up", "both"), values)]
+    settings = [("fp32", False), ("bf16", False), ("bf16", True)]
+    effects = fusion_effects({"runs": runs}, settings).set_index(["setting", "fusion"])
+    assert effects.loc[("fp32, eager", "qkv"), "verdict"] == "faster"
+    assert list(effects.loc["bf16, eager", "verdict"]) == [JUDGED_ON_REPLAY] * 3
+    assert effects.loc[("bf16, eager", "qkv"), "speedup"] == pytest.approx(1.04)
+    assert list(effects.loc["bf16, CUDA graphs", "verdict"]) == ["within noise", "slower", "within noise"]
+    # Without the replayed setting (or where its fused run failed) the eager row is judged on its own.
+    assert fusion_effects({"runs": runs}, settings[:2]).set_index(["setting", "fusion"]).loc[
+        ("bf16, eager", "qkv"), "verdict"] == "faster"
+    failed = [{**r, "check": "failed"} if r["label"] == fusion_label("qkv", "bf16", True) else r for r in runs]
+    effects = fusion_effects({"runs": failed}, settings).set_index(["setting", "fusion"])
+    assert effects.loc[("bf16, eager", "qkv"), "verdict"] == "faster"
+    assert effects.loc[("bf16, eager", "gate_up"), "verdict"] == JUDGED_ON_REPLAY
 
 
 def test_launch_verdict_reads_the_share_from_both_intervals():

@@ -56,7 +56,7 @@ _LAZY: dict[str, str] = {
     "check_gemm_prediction": ".fusion_checks", "check_host_share": ".fusion_checks",
     "check_strided_timing": ".fusion_checks", "fusion_effects": ".fusion_checks", "fusion_label": ".fusion_checks",
     "fusion_runs": ".fusion_checks", "launch_verdict": ".fusion_checks",
-    "setting_launch_verdict": ".fusion_checks",
+    "setting_launch_verdict": ".fusion_checks", "JUDGED_ON_REPLAY": ".fusion_checks",
     "check_batch_prediction": ".precision_checks", "check_error_ratio": ".precision_checks",
     "check_unit_roundoff": ".precision_checks",
     "check_gemm_and_add": ".roofline_checks", "check_idle_shares": ".roofline_checks",

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from tinyllama.course.checkpoints import check_allclose, checkpoint
 from tinyllama.course.feedback import Slip, check_function_slips
-from tinyllama.harness.comparison.fusions import FUSIONS, fusion_effects, fusion_label, fusion_runs, timed_run, verdict  # noqa: F401
+from tinyllama.harness.comparison.fusions import FUSIONS, JUDGED_ON_REPLAY, fusion_effects, fusion_label, fusion_runs, timed_run, verdict  # noqa: F401
 from tinyllama.timing import HOST_BOUND_SHARE
 
 # An eager step whose host share is above this cannot show the fusions' effects of a few percent:
