@@ -20,7 +20,7 @@ from tinyllama.course.fusion_checks import (
     setting_launch_verdict,
 )
 from tinyllama.harness.compare import RUN_SETS, parse_run
-from tinyllama.timing import time_samples
+from tinyllama.timing import summarize, time_samples, verdict
 
 
 def right_count(num_layers, fuse_qkv, fuse_gate_up):
@@ -337,7 +337,8 @@ def _timing(solution, replace=None):
     h_fused = torch.randn(tokens, 2 * inter)
     gate, up = h_fused.chunk(2, dim=-1)
     namespace = {"torch": torch, "F": F, "pd": pd, "plt": matplotlib.pyplot, "course": course, "gate": gate, "up": up,
-                 "time_samples": time_samples, "device": torch.device("cpu"), "on_gpu": False,
+                 "time_samples": time_samples, "summarize": summarize, "verdict": verdict,
+                 "device": torch.device("cpu"), "on_gpu": False,
                  "profile": SimpleNamespace(warmup=1, repeat=5), "check_strided_timing": fusion.check_strided_timing,
                  "predicted_strided_slowdown": 1.5, "tokens": tokens, "inter": inter, "dtype": torch.float32}
     run_source(solution.source("12.3", replace), namespace)
