@@ -11,8 +11,7 @@
 # With fewer than 2 x GPUS_PER_RUN GPUs the two runs of a lane go one after the other: 21 takes about 300 s a run
 # on a 2 x H200 machine, so its pair outlasts one 600 s device call there. Run each half in a call of its own
 # (WORKSHOP_RESULTS_DIR=DIR/a/results python -m tinyllama.course.run_solutions --notebooks 21 --profile gpu
-# --output DIR/a, then the same with b) and compare
-# them with python -m tinyllama.course.drift DIR/a DIR/b.
+# --output DIR/a, then the same with b) and compare them with python -m tinyllama.course.drift DIR/a DIR/b.
 # Store run B's copies afterwards: python -m tinyllama.course.run_solutions --store tw_NAME (refuses a notebook changed since).
 set -uo pipefail
 commit=$1 limit=$2
