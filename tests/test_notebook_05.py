@@ -209,3 +209,27 @@ def test_command_mistakes_fail(notebook, tmp_path, monkeypatch, mistake):
     monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
     with pytest.raises((CheckpointFailed, ValueError)):
         notebook.run("05.4", _command_namespace(tmp_path), mistake)
+
+
+def _allreduce_row(mib, median, p10, p90):
+    """A row of tinyllama.harness.allreduce's record: rank 0's timing and the bus bandwidth of its median."""
+    return {"mib": mib, "busbw_gbs": mib * 2**20 / (median / 1e3) / 1e9,
+            "rank0": {"median": median, "p10": p10, "p90": p90}}
+
+
+def test_a_small_all_reduce_with_one_slow_sample_is_still_lower():
+    # 1 MiB in 0.036 ms (one slow sample: p90 0.085, a spread of 150% of the median) against 97.5 MiB in
+    # 0.395 ms: 11% of the bandwidth, lower whatever its spread.
+    small = _allreduce_row(1.0, 0.036, 0.029, 0.085)
+    large = _allreduce_row(97.5, 0.395, 0.390, 0.410)
+    share, said = scaling_checks.latency_verdict(small, large)
+    assert share == pytest.approx((1 / 0.036) / (97.5 / 0.395))
+    assert said == "lower"
+
+
+def test_an_all_reduce_as_fast_per_mib_is_not_lower():
+    small = _allreduce_row(4.0, 0.0165, 0.015, 0.018)  # 4.1 ms per GiB against 4.05: the bands overlap
+    large = _allreduce_row(97.5, 0.395, 0.390, 0.410)
+    assert scaling_checks.latency_verdict(small, large)[1] == "within noise"
+    faster = _allreduce_row(4.0, 0.010, 0.0098, 0.0102)  # per MiB beyond the large one's band: higher
+    assert scaling_checks.latency_verdict(faster, large)[1] == "higher"

@@ -44,7 +44,7 @@ def test_the_reference_answers_pass(notebook):
 
 
 @pytest.mark.parametrize("mistake", [
-    ('predicted_speedup["max-autotune"] = 2.2\n', ""),  # a mode left without a prediction
+    ('predicted_speedup["max-autotune"] = 2.5\n', ""),  # a mode left without a prediction
     ('predicted_speedup["default"] = 1.5', 'predicted_speedup["default"] = 50'),  # "50% faster", not a ratio
     ('predicted_speedup["default"] = 1.5', 'predicted_speedup["default"] = 0.004'),  # a time in seconds
     ('predicted_speedup["default"] = 1.5', 'predicted_speedup["max_autotune"] = 1.5'),  # a mode that does not exist

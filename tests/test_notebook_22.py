@@ -173,3 +173,28 @@ def test_the_predicted_turn_is_where_flops_per_byte_reach_the_ridge():
 def test_the_knee_of_made_up_sweeps():
     for _, batches, ms in gen_checks.TURN_CASES:
         assert gen_checks.knee_batch(batches, ms) in (40.0, 100.0, 12.0)
+
+
+def _rung(mode, samples):
+    return SimpleNamespace(mode=mode, decode_ms=summarize(samples))
+
+
+def test_two_host_launched_rungs_need_the_least_gain():
+    # Two eager rungs 1.11x apart with p10-p90 bands apart: the host moves such steps by as much between
+    # runs, so the gain does not count; the same two timings between CUDA-graph rungs do.
+    slow = [10.0 + 0.01 * i for i in range(10)]
+    fast = [9.0 + 0.01 * i for i in range(10)]
+    ratio, said = gen_checks.ladder_verdict(_rung("no cache", slow), _rung("cache eager", fast))
+    assert ratio == pytest.approx(1.111, abs=1e-3) and said == "within noise"
+    _, said = gen_checks.ladder_verdict(_rung("cache CUDA graph", slow), _rung("cache compile + CUDA graph", fast))
+    assert said == "faster"
+    # A launched rung against a replayed one: no least gain, as the graph took the host out of one of them.
+    _, said = gen_checks.ladder_verdict(_rung("cache eager", slow), _rung("cache CUDA graph", fast))
+    assert said == "faster"
+
+
+def test_host_launched_rungs_count_a_gain_beyond_the_least_one():
+    slow = [15.0 + 0.01 * i for i in range(10)]
+    fast = [10.0 + 0.01 * i for i in range(10)]
+    assert gen_checks.ladder_verdict(_rung("no cache", slow), _rung("cache eager", fast))[1] == "faster"
+    assert gen_checks.ladder_verdict(_rung("no cache", fast), _rung("cache eager", slow))[1] == "slower"

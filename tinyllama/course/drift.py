@@ -98,6 +98,8 @@ LABELS: tuple[Label, ...] = (
                                      "(2026-11-27)"),
     Label("18_*", "matmul_*_tflops", "the matmul rate of the run's own GPU, at the clock its power limit allows: two "
                                      "H200s of one machine gave bf16 725 and 751 TFLOP/s, each within 3% (2026-11-27)"),
+    Label("*", "copy_tbs", "the copy bandwidth of the run's own GPU: two H200s of one machine gave 4.15 and 3.97 "
+                           "TB/s, each within 1.5% (18, 2026-11-28)"),
     Label("04_*", "mfu_measured", "the achieved rate over the tf32 ceiling measured in the same run, whose own spread "
                                   "is wide (401 and 363 TFLOP/s on two H200s of one machine, spreads overlapping, "
                                   "2026-11-27); the achieved rate and the datasheet MFU are compared"),
@@ -119,6 +121,15 @@ LABELS: tuple[Label, ...] = (
     Label("03_*", "profiled_device_ms", "device time per step under the profiler: the device waits for the profiled "
                                         "host (9.7 and 15.9 ms in two runs at once on one H200 machine, 2026-11-27)"),
     Label("07_*", "unprofiled_host_over_device", "host time over device time of one step"),
+    Label("07_*", "said: 3d24506a", "the profiler's cost on the host and the launch-bound verdicts read the host's "
+                                    "issue time, with and without the profiler (see profiler_host_overhead): "
+                                    "unprofiled 6.9 and 4.4 ms, profiled 7.4 and 10.2 ms in two runs at once on "
+                                    "one H200 machine (2026-11-28)"),
+    # 11's bf16 V1 step is host-bound by the notebook's own verdict (as 17 finds for the same model).
+    Label("11_*", "step_ms*", "eager bf16 V1 step, host-bound by the notebook's own verdict: 57.2 and 63.6 ms in two "
+                              "runs at once on one H200 machine (2026-11-28)"),
+    Label("11_*", "mfu", "the model's FLOPs over that eager, host-bound step (see step_ms): 22.2% and 20.2% in the "
+                         "same two runs"),
     # 06 and 16 time the compiler: CPU-bound work (Dynamo, Inductor, Triton), moved by the host and its caches.
     Label("06_*", "*compile*_s_*", "compile seconds: the compiler runs on the host, and its caches may be warm"),
     Label("06_*", "compiler_startup_s", "seconds to import and start the compiler, on the host"),

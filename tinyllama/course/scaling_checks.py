@@ -8,6 +8,9 @@
   and the efficiency a step would keep if that time were added to it;
 - :func:`check_measured_efficiency`: the efficiencies the participant's function gives for this machine's runs
   against those the benchmark itself reported.
+
+Besides: :func:`latency_verdict`, whether a small all-reduce reaches a lower bus bandwidth than a large one
+beyond both timings' spreads.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tinyllama.course.checkpoints import (
     checkpoint,
 )
 from tinyllama.course.feedback import slip_hint
+from tinyllama.timing import Band, verdict
 
 
 def split_slips(recorded: RecordedScaling) -> list[tuple[float, str]]:
@@ -149,3 +153,22 @@ def check_measured_efficiency(efficiency: pd.Series, runs: pd.DataFrame) -> bool
                           float(package), rel_tol=1e-3,
                           hint="scaling_efficiency must divide the global throughput by k x the baseline")
     return ok
+
+
+def _ms_per_mib(row: pd.Series | dict) -> Band:
+    """Rank 0's milliseconds per MiB of one all-reduce sweep row (``tinyllama.harness.allreduce``'s record):
+    its median and p10-p90 band, each divided by the buffer's MiB, so sizes compare as bandwidths do."""
+    timing, mib = row["rank0"], float(row["mib"])
+    return Band(timing["median"] / mib, timing["p10"] / mib, timing["p90"] / mib)
+
+
+def latency_verdict(small: pd.Series | dict, large: pd.Series | dict) -> tuple[float, str]:
+    """Whether the ``small`` buffer's all-reduce reached a lower bus bandwidth than the ``large`` one's, two rows
+    of an all-reduce sweep (with rank 0's timing under ``rank0``). Returns the small buffer's bus bandwidth as a
+    share of the large one's (the slowest ranks' medians, as the sweep reports them) and ``"lower"`` where the
+    small buffer took longer per MiB beyond both p10-p90 bands (``timing.verdict``), else ``"within noise"``;
+    ``"higher"`` where it took less beyond both. One slow sample of a tiny all-reduce widens its band but
+    cannot hide a bandwidth several times lower."""
+    share = float(small["busbw_gbs"]) / float(large["busbw_gbs"])
+    _, said = verdict(_ms_per_mib(large), _ms_per_mib(small))  # "slower": the small buffer's MiB take longer
+    return share, {"slower": "lower", "faster": "higher"}.get(said, "within noise")
