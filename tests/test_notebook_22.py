@@ -184,6 +184,8 @@ def test_two_host_launched_rungs_need_the_least_gain():
     # runs, so the gain does not count; the same two timings between CUDA-graph rungs do.
     slow = [10.0 + 0.01 * i for i in range(10)]
     fast = [9.0 + 0.01 * i for i in range(10)]
+    assert gen_checks.ladder_min_gain(_rung("no cache", slow), _rung("cache eager", fast)) == 1.25
+    assert gen_checks.ladder_min_gain(_rung("cache eager", slow), _rung("cache CUDA graph", fast)) == 1.0
     ratio, said = gen_checks.ladder_verdict(_rung("no cache", slow), _rung("cache eager", fast))
     assert ratio == pytest.approx(1.111, abs=1e-3) and said == "within noise"
     _, said = gen_checks.ladder_verdict(_rung("cache CUDA graph", slow), _rung("cache compile + CUDA graph", fast))

@@ -435,6 +435,10 @@ def check_ratio(name: str, numerator: Sequence[float], denominator: Sequence[flo
                       + f".{reason}", measured=True)  # timings: the hardware decides, never stop a participant
 
 
+# A measurement within this factor of the prediction, either way, is "close to your prediction".
+CLOSE_FACTOR = 1.25
+
+
 def compare_prediction(name: str, predicted: float | None, measured: float, unit: str = "",
                        within_noise: bool = False) -> float | None:
     """Print the prediction beside the measurement and return measured / predicted (``None`` when no
@@ -452,7 +456,7 @@ def compare_prediction(name: str, predicted: float | None, measured: float, unit
     ratio = measured / predicted if predicted else math.inf
     if unit == "x" and within_noise:
         # decided on the prediction alone: a ratio within noise of 1 may land on either side of it in a rerun
-        verdict = ("within noise of 1x, close to your prediction" if 0.8 <= predicted <= 1.25 else
+        verdict = ("within noise of 1x, close to your prediction" if 1 / CLOSE_FACTOR <= predicted <= CLOSE_FACTOR else
                    f"within noise of 1x, where you predicted {'a speed-up' if predicted > 1 else 'a slow-down'} "
                    f"of {predicted:.3g}x")
     elif unit == "x" and (predicted - 1.0) * (measured - 1.0) < 0:
@@ -461,7 +465,7 @@ def compare_prediction(name: str, predicted: float | None, measured: float, unit
     elif ratio == 0:
         verdict = "nothing measured where you predicted some"
     else:
-        verdict = ("close to your prediction" if 0.8 <= ratio <= 1.25 else
+        verdict = ("close to your prediction" if 1 / CLOSE_FACTOR <= ratio <= CLOSE_FACTOR else
                    f"{ratio:.2f}x your prediction" if ratio > 1 else f"{1 / ratio:.2f}x below your prediction")
     print(f"{name}: predicted {predicted:.4g}{shown}, measured {measured:.4g}{shown}: {verdict}")
     return ratio

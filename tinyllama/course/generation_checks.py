@@ -12,9 +12,9 @@ than the cache's capacity, a batch larger than one) and names the slip it recogn
 
 Besides: :func:`count_ops` (the operators one call dispatches, without a profiler, so nothing is left
 behind that would slow later timings), :func:`verdict` (faster, slower or within noise from two timings'
-p10-p90 bands), :func:`ladder_verdict` (the same for two rungs of the ladder, with a least gain where both
-are launched op by op from the host), :func:`knee_batch` and :func:`predicted_turn` (the measured and the predicted batch where
-decode turns compute-bound).
+p10-p90 bands), :func:`ladder_verdict` (the same for two rungs of the ladder, with the least gain of
+:func:`ladder_min_gain`), :func:`knee_batch` and :func:`predicted_turn` (the measured and the predicted
+batch where decode turns compute-bound).
 """
 
 from __future__ import annotations
@@ -321,12 +321,16 @@ def count_ops(fn: Callable[[], Any]) -> Counter[str]:
                    if not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL)  # metadata only: no kernel
 
 
+def ladder_min_gain(before: Any, after: Any) -> float:
+    """The least gain :func:`ladder_verdict` asks of two rungs (results with ``mode``):
+    :data:`HOST_RUNG_MIN_GAIN` where neither replays a CUDA graph (both launched op by op from the host),
+    else 1 (any gain beyond both bands)."""
+    host_launched = "CUDA graph" not in before.mode and "CUDA graph" not in after.mode
+    return HOST_RUNG_MIN_GAIN if host_launched else 1.0
 
 
 def ladder_verdict(before: Any, after: Any) -> tuple[float, str]:
     """Two rungs of the generation ladder (results with ``mode`` and ``decode_ms``): the decode step's gain
     ``before / after`` and ``"faster"``, ``"slower"`` or ``"within noise"`` on both p10-p90 bands
-    (``timing.verdict``). Where neither rung replays a CUDA graph, both are launched op by op from the host,
-    and a gain must also reach :data:`HOST_RUNG_MIN_GAIN` to count."""
-    host_launched = "CUDA graph" not in before.mode and "CUDA graph" not in after.mode
-    return verdict(before.decode_ms, after.decode_ms, min_ratio=HOST_RUNG_MIN_GAIN if host_launched else 1.0)
+    (``timing.verdict``), a gain counting only from :func:`ladder_min_gain`."""
+    return verdict(before.decode_ms, after.decode_ms, min_ratio=ladder_min_gain(before, after))
