@@ -259,6 +259,7 @@ def test_spreads_recorded_from_stats_and_bands_line_up(tmp_path, monkeypatch):
     ("11_finding_bottlenecks", "step_ms_p90", drift.HOST_SENSITIVE),
     ("11_finding_bottlenecks", "mfu", drift.HOST_SENSITIVE),  # over that step
     ("07_vendor_profilers", "said: 3d24506a", drift.HOST_SENSITIVE),  # the profiler's cost on the host
+    ("14_flash_attention", "said: a7e3c915", drift.HOST_SENSITIVE),  # the host-versus-device table
 ])
 def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, kind):
     assert drift.label_of(notebook, figure).kind == kind
@@ -282,6 +283,7 @@ def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, k
     ("03_pytorch_profiler", "channels_last_work_speedup"),  # the profiles' kernel times: the work itself
     ("03_pytorch_profiler", "fp16_over_fp32_time"),
     ("03_pytorch_profiler", "unprofiled_device_ms"),
+    ("14_flash_attention", "said: 19c263d2"),  # ours against SDPA and the prediction: must agree
     ("04_flops_profiler", "mfu_datasheet"),
     ("11_finding_bottlenecks", "time_share_attention_pct"),  # shares of the profiled kernels' time
 ])

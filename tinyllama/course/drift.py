@@ -146,6 +146,9 @@ LABELS: tuple[Label, ...] = (
     Label("13_*", "launch_bound_mib", "computed from the launch cost (the copy that takes as long as one launch)"),
     # 14 times one attention call eagerly: about a millisecond, of which the launches are a visible part.
     Label("14_*", "*eager*", "one attention call timed eagerly (about 1 ms): the host's launches are part of it"),
+    Label("14_*", "said: a7e3c915", "the host-versus-device table of each attention call: a row near the 5% line "
+                                    "(the math path at 2048, host share 7% and 5% in two runs at once on one H200 "
+                                    "machine, 2026-11-28) lands on either side of it; the eager time is the host's"),
     # Eager training steps of the medium model: the host's launches are a visible part of them, and on lent
     # hosts they moved 10-30% between machine starts (2026-11-26, H200) where CUDA-graph replays moved under 2%.
     Label("16_*", "step_ms_* eager", "eager step of the medium model: part host, 10-30% between machine starts"),
