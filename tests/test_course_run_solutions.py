@@ -298,3 +298,26 @@ def test_store_refuses_a_selection_that_names_no_solution(tmp_path, capsys):
     _notebook(tmp_path / "run" / "01_a.ipynb", ["print(1)"], output="1\n")
     assert rs.main(["--solutions", str(solutions), "--store", str(tmp_path / "run"), "--notebooks", "07"]) == 2
     assert "no solution notebook matches '07'" in capsys.readouterr().err
+
+
+def test_a_child_runs_log_holds_each_line_before_the_run_ends(tmp_path):
+    # A run killed by a time limit must leave what it printed: the relay writes each line as it comes.
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    process = subprocess.Popen([sys.executable, "-c", "import time; print('ok     started', flush=True); time.sleep(30)"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    log = tmp_path / "b.log"
+    relay = threading.Thread(target=rs._relay, args=(process, log, "b"), daemon=True)
+    relay.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "started" not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.1)
+        assert "ok     started" in log.read_text()
+        assert process.poll() is None  # still running: the line reached the file before the end
+    finally:
+        process.kill()
+        relay.join(timeout=10)

@@ -260,6 +260,10 @@ def test_spreads_recorded_from_stats_and_bands_line_up(tmp_path, monkeypatch):
     ("11_finding_bottlenecks", "mfu", drift.HOST_SENSITIVE),  # over that step
     ("07_vendor_profilers", "said: 3d24506a", drift.HOST_SENSITIVE),  # the profiler's cost on the host
     ("14_flash_attention", "said: a7e3c915", drift.HOST_SENSITIVE),  # the host-versus-device table
+    ("06_torch_compile", "said: 29a8c616", drift.HOST_SENSITIVE),  # prediction on the small model's speed-up
+    ("06_torch_compile", "said: dd917ee0", drift.HOST_SENSITIVE),  # live fp16 compile + freeze, no graphs
+    ("21_distributed_training", "said: a186b4ec", drift.HOST_SENSITIVE),  # tuning verdicts on eager steps
+    ("21_distributed_training", "said: 00755c1d", drift.HOST_SENSITIVE),  # hand-written DDP steps, eager
 ])
 def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, kind):
     assert drift.label_of(notebook, figure).kind == kind
@@ -284,6 +288,8 @@ def test_the_registry_labels_figures_that_vary_with_the_host(notebook, figure, k
     ("03_pytorch_profiler", "fp16_over_fp32_time"),
     ("03_pytorch_profiler", "unprofiled_device_ms"),
     ("14_flash_attention", "said: 19c263d2"),  # ours against SDPA and the prediction: must agree
+    ("06_torch_compile", "said: a455eeeb"),  # compile-time and speed-up lines of the large network
+    ("22_generation", "said: 0b9cae96"),  # the ladder: replayed rungs judged, eager pair not ranked
     ("04_flops_profiler", "mfu_datasheet"),
     ("11_finding_bottlenecks", "time_share_attention_pct"),  # shares of the profiled kernels' time
 ])

@@ -137,6 +137,12 @@ LABELS: tuple[Label, ...] = (
     Label("06_*", "*_compiled_speedup", "the half-precision network compiled without CUDA graphs: its kernels take "
                                         "about as long as the host takes to launch them (3.8 and 4.9 ms a batch in "
                                         "two runs on one H200 machine, 2026-11-27)"),
+    Label("06_*", "said: 29a8c616", "the max-autotune prediction line reads the small model's speed-up (see "
+                                    "small_speedup_*): 3.99x and 2.31x against 2.5 in two runs on one 2 x H200 "
+                                    "machine (2026-11-28)"),
+    Label("06_*", "said: dd917ee0", "the live compile + freeze line times ResNet-18 in fp16 at batch 64 without CUDA "
+                                    "graphs, paced by the host's launches (see *_compiled_speedup): 1.63x faster and "
+                                    "1.02x within noise in two runs on one 2 x H200 machine (2026-11-28)"),
     Label("16_*", "compile_s_*", "compile seconds: the compiler runs on the host, and its caches may be warm"),
     Label("16_*", "*_first_step_s", "first step: compile (cold or from the cache) plus the step, on the host's clock"),
     Label("16_*", "break_even_steps_*", "compile seconds over the per-step saving: carries the compile time's "
@@ -171,6 +177,13 @@ LABELS: tuple[Label, ...] = (
     Label("21_*", "tokens_per_s_*", "from the eager steps (see step_ms_*)"),
     Label("21_*", "scaling_efficiency_*", "from the eager steps (see step_ms_*)"),
     Label("21_*", "baseline_tokens_per_s", "one GPU's eager steps of the medium model: part host (see 17's step_ms_v*)"),
+    Label("21_*", "said: a186b4ec", "the tuning verdicts compare eager steps of the medium model (see step_ms_*) "
+                                    "at the 1.10x least gain: bucket 728 MiB 1.14x / 1.02x, reshard_after_forward="
+                                    "False 1.16x / 1.10x in runs on two 2 x H200 machines (2b1c905, 4f1eec2, "
+                                    "2026-11-27/28)"),
+    Label("21_*", "said: 00755c1d", "the hand-written data-parallel steps are eager steps of the medium model (see "
+                                    "step_ms_*): the overlapped loop 0.90x 'slower' / 0.94x within noise of the naive "
+                                    "one in runs on two 2 x H200 machines (2b1c905, 4f1eec2, 2026-11-27/28)"),
     # DDP's bucket all-reduces run beside the backward's kernels and share the GPU with them. In the same two runs
     # the plain all-reduce's bus bandwidth agreed within 0.5% and FSDP2's transfers within 0.1%: the link is not
     # what moved.

@@ -197,9 +197,10 @@ def report_drift(before: drift.Run, after: drift.Run, output: Path) -> int:
 
 
 def _relay(process: subprocess.Popen[str], log: Path, name: str) -> None:
-    """Copy a child run's output into its log, echoing its one-line notebook results with its name."""
+    """Copy a child run's output into its log, line by line as it comes (a run stopped by a time limit keeps
+    what it printed), echoing its one-line notebook results with its name."""
     assert process.stdout is not None
-    with open(log, "w", encoding="utf-8") as f:
+    with open(log, "w", encoding="utf-8", buffering=1) as f:
         for line in process.stdout:
             f.write(line)
             if line.startswith(("ok    ", "FAILED")):
