@@ -2,6 +2,10 @@
 summarises the figures recorded in the run, and fails when a notebook fails."""
 
 import json
+import subprocess
+import sys
+import threading
+import time
 
 import nbformat
 import pandas as pd
@@ -302,11 +306,6 @@ def test_store_refuses_a_selection_that_names_no_solution(tmp_path, capsys):
 
 def test_a_child_runs_log_holds_each_line_before_the_run_ends(tmp_path):
     # A run killed by a time limit must leave what it printed: the relay writes each line as it comes.
-    import subprocess
-    import sys
-    import threading
-    import time
-
     process = subprocess.Popen([sys.executable, "-c", "import time; print('ok     started', flush=True); time.sleep(30)"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     log = tmp_path / "b.log"

@@ -439,27 +439,19 @@ def check_ratio(name: str, numerator: Sequence[float], denominator: Sequence[flo
 CLOSE_FACTOR = 1.25
 
 
-def compare_prediction(name: str, predicted: float | None, measured: float, unit: str = "",
-                       within_noise: bool = False) -> float | None:
+def compare_prediction(name: str, predicted: float | None, measured: float, unit: str = "") -> float | None:
     """Print the prediction beside the measurement and return measured / predicted (``None`` when no
     prediction was written). Never fails: a surprise is what the cell is for.
 
     A ratio (``unit="x"``: a speed-up, a slow-down) is read against 1: a prediction on the other side
     of 1 than the measurement (a speed-up predicted, a slow-down measured) is called out as such,
-    however close the two numbers are. ``within_noise=True`` says the comparison that measured the ratio
-    found the two runs within noise of each other (``tinyllama.timing.verdict``): then the measurement's
-    side of 1 is noise, and the sentence reads the prediction against "no change" instead."""
+    however close the two numbers are."""
     shown = f" {unit}" if unit else ""
     if predicted is None or (isinstance(predicted, float) and math.isnan(predicted)):
         print(f"{name}: measured {measured:.4g}{shown}; no prediction was written (write one before you measure)")
         return None
     ratio = measured / predicted if predicted else math.inf
-    if unit == "x" and within_noise:
-        # decided on the prediction alone: a ratio within noise of 1 may land on either side of it in a rerun
-        verdict = ("within noise of 1x, close to your prediction" if 1 / CLOSE_FACTOR <= predicted <= CLOSE_FACTOR else
-                   f"within noise of 1x, where you predicted {'a speed-up' if predicted > 1 else 'a slow-down'} "
-                   f"of {predicted:.3g}x")
-    elif unit == "x" and (predicted - 1.0) * (measured - 1.0) < 0:
+    if unit == "x" and (predicted - 1.0) * (measured - 1.0) < 0:
         verdict = (f"the opposite of your prediction: you expected {'more' if predicted > 1 else 'less'} than 1x, "
                    f"it measured {'more' if measured > 1 else 'less'}")
     elif ratio == 0:

@@ -12,9 +12,9 @@ than the cache's capacity, a batch larger than one) and names the slip it recogn
 
 Besides: :func:`count_ops` (the operators one call dispatches, without a profiler, so nothing is left
 behind that would slow later timings), :func:`verdict` (faster, slower or within noise from two timings'
-p10-p90 bands), :func:`ladder_verdict` (the same for two rungs of the ladder; two rungs both launched from the host
-are not ranked), :func:`knee_batch` and :func:`predicted_turn` (the measured and the predicted
-batch where decode turns compute-bound).
+p10-p90 bands), :func:`ladder_verdict` (the same for two rungs of the ladder; two rungs both launched
+from the host are not ranked), :func:`knee_batch` and :func:`predicted_turn` (the measured and the
+predicted batch where decode turns compute-bound).
 """
 
 from __future__ import annotations
