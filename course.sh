@@ -32,6 +32,22 @@ PY=${PYTHON:-python3}
 KERNEL_NAME=tinyllama-workshop  # tinyllama.course.jupyter_setup.KERNEL_NAME, which every notebook names
 KERNEL_DISPLAY="TinyLLaMA workshop"
 
+# PyTorch's CUDA build and the libraries beside it take about 6 GiB once installed (a fresh .venv measured
+# 6.1 GiB), and pip unpacks them on the way: on a disk without that room pip stops half-way with an OSError.
+# WORKSHOP_SETUP_GIB changes what is asked for (a smaller CPU or ROCm build needs less).
+check_space() {
+    local python=$1 need_gib=${WORKSHOP_SETUP_GIB:-7} dir=$VENV free_kib
+    "$python" -c "import torch" 2>/dev/null && return 0  # PyTorch is there already: pip adds little
+    while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
+    free_kib=$(df -Pk "$dir" | awk 'NR == 2 {print $4}')
+    if [ "$free_kib" -lt $((need_gib * 1024 * 1024)) ]; then
+        echo "error: set-up installs PyTorch into $VENV and needs about $need_gib GiB free there;" \
+            "$((free_kib / 1024 / 1024)) GiB are free." >&2
+        echo "Free some space, or install on a larger disk: WORKSHOP_VENV=/larger/disk/venv bash course.sh setup" >&2
+        exit 1
+    fi
+}
+
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
         if "$PY" -c "import torch" 2>/dev/null; then
@@ -43,6 +59,7 @@ setup() {
     fi
     local stamp="$VENV/.installed"
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+        check_space "$VENV/bin/python"
         echo "Installing the workshop into $VENV (the first time takes a few minutes) ..."
         # constraints.txt holds the versions the test suite passed with; set-up installs exactly those.
         # What the Python already has (a site's ROCm PyTorch and the packages beside it) is kept as it is,

@@ -1,6 +1,10 @@
 """The project's set-up files agree with each other and with the README."""
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -74,3 +78,19 @@ def test_set_up_installs_with_the_lock_and_keeps_what_the_site_has():
     script = (ROOT / "course.sh").read_text()
     assert '-c "$ROOT/constraints.txt" pip' in script and '-c "$constraints" -e ".[test]"' in script
     assert '[ constraints.txt -nt "$stamp" ]' in script  # a new lock re-installs
+
+
+def test_set_up_on_a_disk_without_room_for_pytorch_stops_before_pip_and_says_what_to_do(tmp_path):
+    """pip on a full disk stops half-way with an OSError and leaves a broken environment behind."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("course.sh", "pyproject.toml", "constraints.txt"):
+        shutil.copy(ROOT / name, checkout / name)
+    venv = tmp_path / "venv"  # a Python without PyTorch: set-up would install it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    environment = {**os.environ, "WORKSHOP_VENV": str(venv), "WORKSHOP_SETUP_GIB": "1000000"}
+    done = subprocess.run(["bash", str(checkout / "course.sh"), "setup"], capture_output=True, text=True,
+                          timeout=60, env=environment)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "needs about 1000000 GiB free there" in done.stderr and "WORKSHOP_VENV=" in done.stderr
+    assert "Installing" not in done.stdout and not (venv / ".installed").exists()
