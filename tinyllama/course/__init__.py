@@ -26,7 +26,8 @@ Writing a notebook (``solutions/NN_name.ipynb`` is the one source):
   configuration tables), with ``# NBVAL_CHECK_OUTPUT``; measured numbers go in other cells;
 - end with a "Record your result" step, ``session.record({...})``, and ``session.finish(globals())``;
 - store outputs from a clean run: ``python -m tinyllama.course.run_solutions --notebooks NN
-  --update-solutions`` (the reference outputs come from a GPU run at the ``gpu`` profile).
+  --update-solutions`` (the reference outputs come from a GPU run at the ``gpu`` profile); ``--stale``
+  lists the solutions whose code changed after the run their outputs came from (:mod:`.stale`).
 """
 
 from tinyllama.course.checkpoints import (check_allclose, check_between, check_close, check_equal,

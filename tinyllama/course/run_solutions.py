@@ -9,7 +9,8 @@ this run. Each executed copy keeps in its metadata the records its notebook appe
 (:mod:`tinyllama.course.reference`). The exit status is 1 when a notebook failed.
 ``--update-solutions`` stores the fresh outputs, with those records, in ``solutions/`` (how the reference
 outputs and figures of a GPU run are kept); ``--store RUN`` stores those of a finished run (of a ``--twice``
-run, its run ``b``), refusing a notebook whose solution changed since.
+run, its run ``b``), refusing a notebook whose solution changed since. ``--stale`` lists the stored
+solutions whose code changed after the run their outputs came from (:mod:`tinyllama.course.stale`).
 
 Reproducibility (:mod:`tinyllama.course.drift`): ``--against [DIR]`` compares this run's figures with
 those stored in ``DIR`` (without ``DIR``: the solutions the notebooks came from, read before this run
@@ -48,7 +49,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from tqdm.auto import tqdm
 
 from tinyllama import device as dev
-from tinyllama.course import checkpoints, drift, reference, results
+from tinyllama.course import checkpoints, drift, reference, results, stale
 from tinyllama.course.jupyter_setup import KERNEL_NAME, registered_kernels
 from tinyllama.course.profile import ENV_VARIABLE as PROFILE_VARIABLE
 from tinyllama.course.profile import select_profile
@@ -328,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, metavar="RUN",
                         help="run nothing: store the executed copies of a finished run (its --output folder; of a "
                              "--twice run, its run b) in the solutions, refusing any notebook changed since")
+    parser.add_argument("--stale", action="store_true",
+                        help="run nothing: list the solutions whose code cells changed since the commit their "
+                             "outputs ran at, and the names changed since in the course files each imports")
     parser.add_argument("--twice", action="store_true",
                         help="run the notebooks twice in two processes, each with its own results folder (at once "
                              "on two GPUs where there are two, else one after the other), and list the figures "
@@ -336,6 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --twice: GPUs each run sees (2 for 05 and 21); the runs go at once where the "
                              "machine has twice as many (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.stale:
+        try:
+            if args.twice or args.update_solutions or args.against is not None or args.store is not None:
+                raise ValueError("--stale runs nothing: it reads the stored solutions against git; run the other "
+                                 "options without it")
+            return stale.report(find_notebooks(args.solutions, args.notebooks))
+        except (ValueError, FileNotFoundError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     if args.store is not None:
         try:
             if args.twice or args.update_solutions or args.against is not None:
