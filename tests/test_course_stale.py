@@ -123,6 +123,7 @@ def test_the_import_closure_follows_lazy_names_attributes_relative_imports_and_p
     ("def deep_fn():\n    return 30\n\n\ndef unused_fn():\n    return 4\n", ["deep_fn"]),
     ("import os\n\n\ndef deep_fn():\n    return 3\n\n\ndef unused_fn():\n    return 4\n", ["(module level)"]),
     ("def deep_fn():\n    return 3\n", ["unused_fn"]),  # deleted: named from the commit's side
+    ('"""Words."""\n\n\ndef deep_fn():\n    return 3\n\n\ndef unused_fn():\n    return 4\n', ["(docstring)"]),
 ])
 def test_changed_names_come_from_the_lines_git_diff_names(checkout, source, expected):
     root, ran_at = checkout

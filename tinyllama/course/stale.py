@@ -203,14 +203,17 @@ def reached_files(notebook: dict, root: Path) -> set[str]:
 
 
 def _top_level_spans(source: str) -> list[tuple[str, int, int]]:
-    """(name, first line, last line) of each top-level function, class and assigned name of a source."""
+    """(name, first line, last line) of each top-level function, class and assigned name of a source, and of
+    its docstring (``(docstring)``: words only)."""
     spans = []
-    for node in ast.parse(source).body:
+    for index, node in enumerate(ast.parse(source).body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names = [node.name]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = [target.id for target in targets if isinstance(target, ast.Name)]
+        elif index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            names = ["(docstring)"]
         else:
             continue
         first = min([node.lineno, *(decorator.lineno for decorator in getattr(node, "decorator_list", []))])
