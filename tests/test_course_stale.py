@@ -165,3 +165,13 @@ def test_the_instructor_command_lists_stale_solutions_and_refuses_to_mix_it_with
     assert "01_x" in capsys.readouterr().out
     assert run_solutions.main(["--stale", "--twice"]) == 2
     assert "--stale runs nothing" in capsys.readouterr().err
+
+
+def test_an_import_added_since_an_earlier_report_in_the_same_process_is_followed(checkout):
+    root, _ = checkout
+    assert stale.staleness(_solution(root), root).files == {}
+    _write(root, "tinyllama/course/lazy_mod.py",
+           "from .deep import deep_fn\nfrom .other_mod import thing\n\n\ndef lazy_check():\n    return deep_fn() + thing()\n")
+    _write(root, "tinyllama/course/other_mod.py", "def thing():\n    return 50\n")
+    assert stale.staleness(_solution(root), root).files == {
+        "tinyllama/course/lazy_mod.py": ["lazy_check", "(module level)"], "tinyllama/course/other_mod.py": ["thing"]}

@@ -256,9 +256,20 @@ def checkout_of(path: Path) -> Path:
     return Path(done.stdout.strip())
 
 
+def _forget_files() -> None:
+    """Drop what was read of the checkout's files: they may have changed since (one report reads them once)."""
+    for cached in (module_file, _lazy_table, _file_imports):
+        cached.cache_clear()
+
+
 def staleness(path: Path, root: Path | None = None) -> Staleness:
     """What changed, in the checkout that holds it (``root``; its working tree), since the stored solution
     ``path`` ran."""
+    _forget_files()
+    return _staleness(path, root)
+
+
+def _staleness(path: Path, root: Path | None) -> Staleness:
     root = checkout_of(path) if root is None else root
     now = json.loads(path.read_text())
     commit, problem = recorded_commit(now)
@@ -283,7 +294,8 @@ def report(paths: list[Path], root: Path | None = None) -> int:
     """Print what changed since each stored solution ran; 1 where a solution's code cells changed since (or
     it can't be told), else 0. A changed imported name is listed for the reader to judge: whether it shapes
     what the notebook prints, reading its diff tells."""
-    found = [staleness(path, root) for path in paths]  # each in its own checkout where root is None
+    _forget_files()
+    found = [_staleness(path, root) for path in paths]  # each in its own checkout where root is None
     for item in found:
         print(item.describe())
     stale = [item.notebook for item in found if item.stale]
