@@ -171,7 +171,8 @@ def test_an_import_added_since_an_earlier_report_in_the_same_process_is_followed
     root, _ = checkout
     assert stale.staleness(_solution(root), root).files == {}
     _write(root, "tinyllama/course/lazy_mod.py",
-           "from .deep import deep_fn\nfrom .other_mod import thing\n\n\ndef lazy_check():\n    return deep_fn() + thing()\n")
+           "from .deep import deep_fn\nfrom .other_mod import thing\n\n\n"
+           "def lazy_check():\n    return deep_fn() + thing()\n")
     _write(root, "tinyllama/course/other_mod.py", "def thing():\n    return 50\n")
     assert stale.staleness(_solution(root), root).files == {
         "tinyllama/course/lazy_mod.py": ["lazy_check", "(module level)"], "tinyllama/course/other_mod.py": ["thing"]}
