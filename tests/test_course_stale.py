@@ -9,6 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from tinyllama.course import run_solutions, stale
@@ -35,12 +36,13 @@ def _git(root: Path, *arguments: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def _notebook(commit: str | None, cells=CELLS) -> dict:
+def _notebook(commit: str | None, cells=CELLS) -> nbformat.NotebookNode:
     records = [{"commit": commit, "notebook": "01_x", "figures": {}}] if commit is not False else []
-    return {"cells": [{"cell_type": kind, "id": cell_id, "metadata": {}, "source": source.splitlines(True),
-                       **({"outputs": [], "execution_count": None} if kind == "code" else {})}
-                      for kind, cell_id, source in cells],
-            "metadata": {"tinyllama": {"records": records}}, "nbformat": 4, "nbformat_minor": 5}
+    return nbformat.from_dict({
+        "cells": [{"cell_type": kind, "id": cell_id, "metadata": {}, "source": source,
+                   **({"outputs": [], "execution_count": None} if kind == "code" else {})}
+                  for kind, cell_id, source in cells],
+        "metadata": {"tinyllama": {"records": records}}, "nbformat": 4, "nbformat_minor": 5})
 
 
 def _write(root: Path, relative: str, text: str) -> None:
@@ -79,10 +81,9 @@ def test_a_solution_stored_from_its_own_code_is_up_to_date(checkout, capsys):
 
 
 def test_a_code_cell_edited_after_the_run_makes_the_solution_stale(checkout, capsys):
-    root, _ = checkout
+    root, ran_at = checkout
     edited = [*CELLS[:2], ("code", "c2", "print(course.helper() + 1)"), ("code", "c3", "x = 1")]
-    _write(root, "solutions/01_x.ipynb", json.dumps(_notebook(json.loads(_solution(root).read_text())["metadata"]
-                                                              ["tinyllama"]["records"][0]["commit"], edited)))
+    _write(root, "solutions/01_x.ipynb", json.dumps(_notebook(ran_at, edited)))
     found = stale.staleness(_solution(root), root)
     assert found.stale and found.cells == ["c2", "c3"]
     assert stale.report([_solution(root)], root) == 1
@@ -112,7 +113,7 @@ def test_changed_names_in_the_files_a_notebook_reaches_are_listed_and_others_are
 
 def test_the_import_closure_follows_lazy_names_attributes_relative_imports_and_packages(checkout):
     root, _ = checkout
-    reached = stale.reached_files(json.loads(_solution(root).read_text()), root)
+    reached = stale.reached_files(nbformat.read(_solution(root), as_version=4), root)
     assert reached == {"tinyllama/__init__.py", "tinyllama/course/__init__.py", "tinyllama/course/base.py",
                        "tinyllama/course/lazy_mod.py", "tinyllama/course/deep.py"}
     attribute_only = _notebook(None, [("code", "c1", "import tinyllama.course as course\ncourse.thing()")])

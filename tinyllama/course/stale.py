@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import nbformat
+
+from tinyllama.course import reference
 
 PACKAGES = ("tinyllama", "inference")  # the course's own code; changes elsewhere are not followed
 
@@ -53,9 +56,9 @@ def _git(root: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", *arguments], cwd=root, capture_output=True, text=True, timeout=60)
 
 
-def recorded_commit(notebook: dict) -> tuple[str | None, str | None]:
-    """The commit a stored notebook ran at, from its records, and a problem where there is no single one."""
-    records = notebook.get("metadata", {}).get("tinyllama", {}).get("records", [])
+def recorded_commit(records: list[dict]) -> tuple[str | None, str | None]:
+    """The commit a stored notebook ran at, from its records (:func:`reference.notebook_records`), and a
+    problem where there is no single one."""
     commits = {record.get("commit") for record in records}
     if not records or commits == {None}:
         return None, "its records name no commit (a run outside a git checkout without $WORKSHOP_COMMIT?)"
@@ -67,12 +70,12 @@ def recorded_commit(notebook: dict) -> tuple[str | None, str | None]:
     return commit, None
 
 
-def _code_cells(notebook: dict) -> dict[str, str]:
-    return {cell.get("id", f"#{index}"): "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            for index, cell in enumerate(notebook["cells"]) if cell["cell_type"] == "code"}
+def _code_cells(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    return {cell.get("id", f"#{index}"): cell.source for index, cell in enumerate(notebook.cells)
+            if cell.cell_type == "code"}
 
 
-def changed_cells(now: dict, then: dict) -> list[str]:
+def changed_cells(now: nbformat.NotebookNode, then: nbformat.NotebookNode) -> list[str]:
     """Ids of the code cells whose source differs, that were added, or that were removed (``-id``)."""
     current, earlier = _code_cells(now), _code_cells(then)
     changed = [cell for cell, source in current.items() if earlier.get(cell) != source]
@@ -163,7 +166,7 @@ def imported_modules(tree: ast.AST, root: Path, package: str = "") -> set[str]:
     return found
 
 
-def notebook_sources(notebook: dict) -> list[ast.Module]:
+def notebook_sources(notebook: nbformat.NotebookNode) -> list[ast.Module]:
     """A notebook's code cells, parsed, without IPython's magic and shell lines."""
     trees = []
     for cell, source in _code_cells(notebook).items():
@@ -180,7 +183,7 @@ def _file_imports(root: Path, path: Path, package: str) -> frozenset[str]:
     return frozenset(imported_modules(ast.parse(path.read_text()), root, package))
 
 
-def reached_files(notebook: dict, root: Path) -> set[str]:
+def reached_files(notebook: nbformat.NotebookNode, root: Path) -> set[str]:
     """The course files (relative to ``root``) that running ``notebook`` imports, directly or through them;
     a module's packages count, since importing it runs their ``__init__.py``."""
     pending = set().union(*(imported_modules(tree, root) for tree in notebook_sources(notebook)))
@@ -271,8 +274,7 @@ def staleness(path: Path, root: Path | None = None) -> Staleness:
 
 def _staleness(path: Path, root: Path | None) -> Staleness:
     root = checkout_of(path) if root is None else root
-    now = json.loads(path.read_text())
-    commit, problem = recorded_commit(now)
+    commit, problem = recorded_commit(reference.notebook_records(path))
     name = path.stem
     if problem is not None:
         return Staleness(name, commit, problem=problem)
@@ -283,7 +285,8 @@ def _staleness(path: Path, root: Path | None) -> Staleness:
     shown = _git(root, "show", f"{commit}:{relative}")
     if shown.returncode != 0:
         return Staleness(name, commit, problem=f"{relative} did not exist at {commit}")
-    cells = changed_cells(now, json.loads(shown.stdout))
+    now = nbformat.read(path, as_version=4)
+    cells = changed_cells(now, nbformat.reads(shown.stdout, as_version=4))
     reached = reached_files(now, root)
     diff = _git(root, "diff", "--name-only", commit, "--", *PACKAGES)
     files = {file: changed_names(root, commit, file) for file in sorted(reached & set(diff.stdout.split()))}
